@@ -1,0 +1,53 @@
+// Development driver: replays "op id size stream" lines from stdin through the
+// host pool and prints fragmentation and ns/op.
+#include <cstdio>
+#include <cstdlib>
+#include <iostream>
+#include <memory>
+
+#include "vramkit/mr/pool_resource.hpp"
+#include "vramkit/platform/host_page_device.hpp"
+#include "vramkit/trace/replay.hpp"
+
+int main(int argc, char** argv) {
+  std::vector<vramkit::trace_op> ops;
+  unsigned long long op, id, size, st;
+  while (std::scanf("%llu %llu %llu %llu", &op, &id, &size, &st) == 4) {
+    vramkit::trace_op t;
+    t.action = static_cast<std::uint8_t>(op);
+    t.id = id;
+    t.size = size;
+    t.stream = static_cast<std::uint16_t>(st);
+    ops.push_back(t);
+  }
+  vramkit::pool_options o;
+  if (argc > 1) o.parse(argv[1]);
+  auto dev = std::make_shared<vramkit::host_page_device>();
+  vramkit::pool_resource pool(dev, nullptr, o);
+  if (std::getenv("VKDIAG")) {
+    std::vector<void*> ptr(ops.size(), nullptr);
+    std::size_t peak = 0, live = 0;
+    for (auto& t : ops) {
+      if (t.action == 0) { ptr[t.id] = pool.allocate(t.size, t.stream); live += t.size; }
+      else { live -= pool.allocation_size(ptr[t.id]); pool.deallocate(ptr[t.id], 0, t.stream); }
+      if (std::getenv("VKCHECK")) pool.check_invariants();
+      auto s = pool.state();
+      if (s.reserved_bytes > peak + (64u << 20)) {
+        peak = s.reserved_bytes;
+        auto u = pool.usage();
+        std::printf("reserved %zu MiB live %zu MiB | large mapped %zu liveov %zu freeint %zu | small mapped %zu liveov %zu freeint %zu | spare %zu\n",
+                    peak >> 20, live >> 20, u.mapped[0], u.live_overlap[0], u.free_interior_mapped[0], u.mapped[1], u.live_overlap[1], u.free_interior_mapped[1], u.spare);
+      }
+    }
+    return 0;
+  }
+  vramkit::replay_options ro;
+  ro.passes = 4;
+  auto r = vramkit::replay(ops, pool, ro);
+  auto c = pool.counters();
+  std::printf("ops %zu peak_live %zu peak_reserved %zu frag %.4f cold %.1f warm %.1f ooms %zu created %zu remapped %zu mapcalls %zu\n",
+              r.ops, r.peak_live_bytes, r.peak_reserved_bytes, r.fragmentation, r.cold_ns_per_op, r.warm_ns_per_op,
+              r.ooms, c.pages_created, c.pages_remapped, c.map_calls);
+  pool.check_invariants();
+}
+// (diagnostic) VKDIAG=1: print page usage whenever reserved grows past its peak.

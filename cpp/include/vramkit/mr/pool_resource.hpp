@@ -1,0 +1,96 @@
+// The caching pool. Over a page device (host or vmm) it places blocks in a
+// large virtual range and backs them with physical pages on demand; free
+// pages are remapped where memory is needed instead of growing. Over any
+// other resource it carves blocks out of segments it takes from it.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "vramkit/platform/page_device.hpp"
+#include "vramkit/platform/stream_ops.hpp"
+#include "vramkit/pool_options.hpp"
+#include "vramkit/resource.hpp"
+
+namespace vramkit {
+
+// Counters of what the pool asked of its upstream.
+struct pool_counters {
+  std::size_t pages_created = 0;
+  std::size_t pages_destroyed = 0;
+  std::size_t pages_mapped = 0;
+  std::size_t pages_unmapped = 0;
+  std::size_t pages_remapped = 0;  // free pages moved to where they were needed
+  std::size_t map_calls = 0;
+  std::size_t segments_allocated = 0;
+  std::size_t segments_freed = 0;
+  std::size_t stream_reclaims = 0;  // free blocks handed from one stream to all
+};
+
+struct block_info {
+  std::uintptr_t addr = 0;
+  std::size_t size = 0;
+  std::size_t requested = 0;  // 0 for free blocks
+  bool allocated = false;
+  bool pending = false;  // freed, waiting for other streams
+  stream_t stream = 0;
+};
+
+struct segment_info {
+  std::uintptr_t base = 0;
+  std::size_t size = 0;         // bytes of address space described
+  std::size_t mapped_bytes = 0; // physical bytes behind it
+  bool small = false;
+  stream_t stream = 0;
+  std::vector<block_info> blocks;
+};
+
+class pool_resource final : public device_resource {
+ public:
+  pool_resource(std::shared_ptr<page_device> pages, std::shared_ptr<stream_ops> streams,
+                pool_options options = {});
+  pool_resource(std::shared_ptr<device_resource> upstream, std::shared_ptr<stream_ops> streams,
+                pool_options options = {});
+  ~pool_resource() override;
+  pool_resource(const pool_resource&) = delete;
+  pool_resource& operator=(const pool_resource&) = delete;
+
+  free_status try_deallocate(void* ptr, std::size_t bytes, stream_t stream) noexcept override;
+  void record_stream(void* ptr, stream_t stream) override;
+  void release_cached() override;
+  memory_state state() const override;
+  void reset_peaks() override;
+  int device() const noexcept override;
+  std::string name() const override;
+  std::size_t allocation_size(const void* ptr) const noexcept override;
+
+  pool_counters counters() const;
+  const pool_options& options() const noexcept;
+  bool paged() const noexcept;
+  std::size_t page_size() const noexcept;
+  // 0 lifts the limit (back to the device capacity).
+  void set_reserve_limit(std::size_t bytes);
+  // Every segment with its blocks, in address order (a report, not a hot path).
+  std::vector<segment_info> segments() const;
+  // Throws vramkit::error naming the first broken invariant (tests call it).
+  void check_invariants() const;
+  // Pages by use, per arena ([0] large, [1] small): for diagnosing fragmentation.
+  struct page_usage {
+    std::size_t mapped[2] = {0, 0};
+    std::size_t live_overlap[2] = {0, 0};
+    std::size_t free_interior_mapped[2] = {0, 0};
+    std::size_t spare = 0;
+  };
+  page_usage usage() const;
+
+ protected:
+  void* do_allocate(std::size_t bytes, stream_t stream) override;
+
+ private:
+  struct impl;
+  std::unique_ptr<impl> impl_;
+};
+
+}  // namespace vramkit

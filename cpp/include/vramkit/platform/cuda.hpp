@@ -1,0 +1,42 @@
+// The CUDA runtime and driver behind one small seam. Every CUDA call of the
+// library lives in cpp/src/platform/cuda/; a build without the toolkit gets
+// versions that report "no CUDA" so everything else still works on the host.
+#pragma once
+#include <cstddef>
+#include <memory>
+
+#include "vramkit/platform/device_properties.hpp"
+#include "vramkit/platform/page_device.hpp"
+#include "vramkit/platform/stream_ops.hpp"
+#include "vramkit/resource.hpp"
+
+namespace vramkit::cuda {
+
+bool built_with_cuda() noexcept;
+// Number of usable devices; 0 without a driver or device (never throws).
+int device_count() noexcept;
+// Why device_count() is 0, or "" when devices exist.
+std::string unavailable_reason();
+void check_device(int device);  // throws invalid_argument for an unknown device
+device_properties properties(int device);
+void mem_get_info(int device, std::size_t& free, std::size_t& total);
+void set_device(int device);
+int current_device();
+stream_t create_stream(int device);
+void destroy_stream(stream_t s) noexcept;
+void synchronize_stream(stream_t s);
+void synchronize_device(int device);
+void copy_to_device(void* dst, const void* src, std::size_t bytes);
+void copy_to_host(void* dst, const void* src, std::size_t bytes);
+void memset_async(void* dst, int value, std::size_t bytes, stream_t s);
+
+std::shared_ptr<stream_ops> make_stream_ops(int device);
+// Page-granular physical memory through cuMemCreate / cuMemMap.
+std::shared_ptr<page_device> make_vmm_device(int device);
+// cudaMalloc / cudaFree.
+std::shared_ptr<device_resource> make_cuda_resource(int device);
+// cudaMallocAsync on a memory pool of its own; cached bytes above
+// release_threshold go back to the driver at each synchronization.
+std::shared_ptr<device_resource> make_cuda_async_resource(int device, std::size_t release_threshold);
+
+}  // namespace vramkit::cuda

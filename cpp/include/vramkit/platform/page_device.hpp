@@ -1,0 +1,47 @@
+// The virtual-memory seam: physical pages and the address ranges they are
+// mapped into. The CUDA driver (cuMem*) and the host simulation (mmap) both
+// implement it, so the pool's page-granular algorithm runs unchanged on both.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+#include "vramkit/error.hpp"
+#include "vramkit/platform/device_properties.hpp"
+
+namespace vramkit {
+
+using page_handle = std::uint64_t;  // 0 is never a valid handle
+
+class page_device {
+ public:
+  virtual ~page_device() = default;
+  virtual std::size_t granularity() const noexcept = 0;
+  virtual std::size_t capacity() const noexcept = 0;    // physical bytes in all
+  virtual std::size_t created_bytes() const noexcept = 0;  // physical bytes held now
+  // Free physical bytes on the device (for another process this may be less
+  // than capacity - created).
+  virtual std::size_t available() const noexcept { return capacity() - created_bytes(); }
+
+  // Reserves `bytes` (a multiple of granularity) of address space, mapped to nothing.
+  virtual std::uintptr_t reserve(std::size_t bytes) = 0;
+  virtual void unreserve(std::uintptr_t va, std::size_t bytes) noexcept = 0;
+
+  // Creates one page of physical memory. Returns 0 when the device has none
+  // left; throws cuda_error on any other failure.
+  virtual page_handle create() = 0;
+  virtual void destroy(page_handle h) noexcept = 0;
+
+  // Maps `count` pages starting at va (page-aligned, inside a reservation).
+  virtual void map(std::uintptr_t va, const page_handle* handles, std::size_t count) = 0;
+  virtual void unmap(std::uintptr_t va, std::size_t count) noexcept = 0;
+
+  // Waits for all work on the device (the host has none).
+  virtual void synchronize() {}
+
+  virtual int device() const noexcept = 0;
+  virtual std::string name() const = 0;
+  virtual device_properties properties() const = 0;
+};
+
+}  // namespace vramkit

@@ -1,0 +1,33 @@
+// Events on streams, as the pool needs them to hand memory from one stream to
+// another. The host device has no asynchronous work: every event is complete.
+#pragma once
+#include <cstdint>
+
+#include "vramkit/resource.hpp"
+
+namespace vramkit {
+
+using event_id = std::uint64_t;
+
+class stream_ops {
+ public:
+  virtual ~stream_ops() = default;
+  // Records an event after all work queued on `s` so far.
+  virtual event_id record(stream_t s) = 0;
+  virtual bool done(event_id e) = 0;  // non-blocking
+  virtual void wait(event_id e) = 0;  // blocks the host until done
+  virtual void release(event_id e) noexcept = 0;
+  virtual void synchronize_device() = 0;
+};
+
+// Events that are always complete (no device work exists).
+class host_stream_ops final : public stream_ops {
+ public:
+  event_id record(stream_t) override { return 1; }
+  bool done(event_id) override { return true; }
+  void wait(event_id) override {}
+  void release(event_id) noexcept override {}
+  void synchronize_device() override {}
+};
+
+}  // namespace vramkit

@@ -1,0 +1,46 @@
+// Every tunable of the pool in one typed struct. Also parsed from the
+// environment variable VRAMKIT_ALLOC_CONF ("key:value,key:value"); see
+// docs/configuration.md for the keys.
+#pragma once
+#include <cstddef>
+#include <limits>
+#include <string>
+
+namespace vramkit {
+
+struct pool_options {
+  // Every block starts at a multiple of this (a power of two, at least 256).
+  std::size_t alignment = 256;
+  // Page size for page-granular upstreams; 0 takes the device's granularity.
+  std::size_t page_size = 0;
+  // Requests up to this size are packed in their own pages, apart from large ones.
+  std::size_t small_threshold = std::size_t{1} << 20;
+  // Segment size asked of non-paged upstreams for small requests.
+  std::size_t small_segment = std::size_t{2} << 20;
+  // Large requests on non-paged upstreams are rounded up to this.
+  std::size_t large_rounding = std::size_t{2} << 20;
+  // Reserved bytes are capped here (0 = the device capacity).
+  std::size_t reserve_limit = 0;
+  // After a free, cached bytes above this are returned to the device.
+  std::size_t release_threshold = std::numeric_limits<std::size_t>::max();
+  // New physical pages are created only while reserved stays within
+  // (1 + growth_slack) x live bytes; past that, free pages elsewhere in the
+  // pool are remapped where they are needed instead.
+  double growth_slack = 0.02;
+  // Remap free pages (page-granular upstreams only). Off: the pool only grows.
+  bool remap = true;
+  // Virtual address space reserved per arena, as a multiple of the capacity.
+  double va_factor = 2.0;
+
+  // Throws vramkit::invalid_argument with the offending key and value.
+  void validate() const;
+  // Applies "key:value,key:value" on top of *this.
+  void parse(const std::string& conf);
+  static pool_options from_env();  // defaults, then VRAMKIT_ALLOC_CONF
+  std::string to_string() const;
+};
+
+// "1.5GiB", "256MB", "4096", "2M" -> bytes. Throws invalid_argument.
+std::size_t parse_size(const std::string& text);
+
+}  // namespace vramkit

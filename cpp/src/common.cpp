@@ -1,0 +1,69 @@
+#include <atomic>
+#include <cstdio>
+#include <sstream>
+
+#include "vramkit/error.hpp"
+#include "vramkit/resource.hpp"
+
+namespace vramkit {
+
+std::string format_bytes(std::size_t bytes) {
+  static const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (v >= 1024.0 && u < 5) {
+    v /= 1024.0;
+    ++u;
+  }
+  std::ostringstream s;
+  if (u == 0) {
+    s << bytes << " B";
+  } else {
+    s.precision(2);
+    s << std::fixed << v << ' ' << units[u] << " (" << bytes << " bytes)";
+  }
+  return s.str();
+}
+
+const char* to_string(free_status s) noexcept {
+  switch (s) {
+    case free_status::ok: return "ok";
+    case free_status::not_owned: return "pointer is not a live allocation of this resource (double free or foreign pointer)";
+    case free_status::wrong_size: return "size does not match the allocation";
+    case free_status::wrong_stream: return "stream does not match the allocation";
+  }
+  return "unknown";
+}
+
+namespace {
+std::atomic<std::size_t> g_bad_frees{0};
+void default_bad_free(const device_resource& r, void* p, std::size_t bytes, free_status s) {
+  std::fprintf(stderr, "vramkit: ignored deallocate(%p, %zu) on %s: %s\n", p, bytes, r.name().c_str(),
+               to_string(s));
+}
+std::atomic<bad_free_handler> g_handler{&default_bad_free};
+}  // namespace
+
+void set_bad_free_handler(bad_free_handler h) noexcept { g_handler.store(h ? h : &default_bad_free); }
+std::size_t bad_free_count() noexcept { return g_bad_frees.load(); }
+
+void device_resource::deallocate(void* ptr, std::size_t bytes, stream_t stream) noexcept {
+  free_status s = try_deallocate(ptr, bytes, stream);
+  if (s != free_status::ok) {
+    g_bad_frees.fetch_add(1);
+    g_handler.load()(*this, ptr, bytes, s);
+  }
+}
+
+void device_resource::deallocate_checked(void* ptr, std::size_t bytes, stream_t stream) {
+  free_status s = try_deallocate(ptr, bytes, stream);
+  if (s != free_status::ok) {
+    std::ostringstream m;
+    m << "vramkit: cannot free " << ptr << " (" << bytes << " bytes) on " << name() << ": " << to_string(s);
+    throw invalid_argument(m.str());
+  }
+}
+
+void device_resource::record_stream(void*, stream_t) {}
+
+}  // namespace vramkit

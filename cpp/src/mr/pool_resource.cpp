@@ -1,0 +1,888 @@
+#include "vramkit/mr/pool_resource.hpp"
+
+#include <algorithm>
+#include <bit>
+#include <cstring>
+#include <sstream>
+
+#include "../detail/flat_map.hpp"
+#include "../detail/free_index.hpp"
+
+namespace vramkit {
+
+namespace {
+constexpr std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
+}  // namespace
+
+using detail::block;
+using detail::free_index;
+
+// One contiguous address range: the whole virtual reservation of a paged
+// arena, or one segment taken from a non-paged upstream.
+struct detail::arena {
+  std::uintptr_t base = 0;
+  std::size_t size = 0;
+  bool paged = false;
+  bool small = false;
+  block* first = nullptr;
+  // Paged only: the physical page behind each page of the range (0 = none).
+  std::vector<page_handle> handles;
+  std::vector<std::uint64_t> mapped_bits;
+
+  bool mapped(std::size_t p) const { return mapped_bits[p >> 6] >> (p & 63) & 1; }
+  void set_mapped(std::size_t p, bool on) {
+    if (on)
+      mapped_bits[p >> 6] |= std::uint64_t{1} << (p & 63);
+    else
+      mapped_bits[p >> 6] &= ~(std::uint64_t{1} << (p & 63));
+  }
+};
+
+namespace {
+
+// Free blocks of one stream (slot 0: free blocks any stream may take).
+struct stream_slot {
+  stream_t stream = 0;
+  // [0] large arena, [1] small arena.
+  free_index backed[2];  // every page behind the block is mapped
+  free_index hollow[2];  // some pages inside are unmapped
+  block* steal_head = nullptr;  // free blocks with mapped pages wholly inside them
+  block* steal_tail = nullptr;
+  bool event_pending = false;
+  event_id event = 0;
+  std::uint64_t event_seq = 0;  // blocks freed before this are covered by `event`
+  std::size_t free_blocks = 0;
+};
+
+}  // namespace
+
+struct pool_resource::impl {
+  std::shared_ptr<page_device> pages;
+  std::shared_ptr<device_resource> upstream;
+  std::shared_ptr<stream_ops> streams;
+  pool_options opt;
+  std::size_t page = 0;      // page size (paged) or segment granularity
+  std::size_t capacity = 0;  // device capacity
+  std::size_t limit = 0;     // reserve limit in force
+  int dev = 0;
+
+  mutable std::mutex mu;
+  std::vector<detail::arena*> arenas;  // paged: [small, large]; else segments
+  std::vector<stream_slot> slots;
+  detail::ptr_map<block*> live;
+  std::vector<block*> pending;
+  std::vector<page_handle> spare_handles;  // created, mapped nowhere
+  detail::block_pool blocks;
+
+  std::size_t live_bytes = 0;
+  std::size_t pending_bytes = 0;
+  std::size_t reserved = 0;
+  std::size_t peak_live = 0;
+  std::size_t peak_reserved = 0;
+  std::uint64_t free_seq = 0;
+  memory_state st;  // counters only (oom_count, retries, upstream_*)
+  pool_counters ctr;
+
+  // ---- setup -------------------------------------------------------------
+  void init_common() {
+    opt.validate();
+    slots.emplace_back();  // slot 0: shared
+    limit = opt.reserve_limit ? std::min(opt.reserve_limit, capacity) : capacity;
+  }
+
+  void init_paged() {
+    page = opt.page_size ? opt.page_size : pages->granularity();
+    if (page % pages->granularity() != 0)
+      throw invalid_argument("page_size " + std::to_string(page) +
+                             " is not a multiple of the device granularity " +
+                             std::to_string(pages->granularity()));
+    capacity = pages->capacity();
+    dev = pages->device();
+    init_common();
+    std::size_t va = round_up(static_cast<std::size_t>(static_cast<double>(capacity) * opt.va_factor), page);
+    va = std::max(va, page * 64);
+    for (bool small : {true, false}) {
+      auto* a = new detail::arena;
+      a->base = pages->reserve(va);
+      a->size = va;
+      a->paged = true;
+      a->small = small;
+      std::size_t np = va / page;
+      a->handles.assign(np, 0);
+      a->mapped_bits.assign((np + 63) / 64, 0);
+      block* b = blocks.make();
+      b->addr = a->base;
+      b->size = va;
+      b->ar = a;
+      b->unmapped = np;
+      a->first = b;
+      arenas.push_back(a);
+      insert_free(b, 0);
+    }
+  }
+
+  void init_segmented() {
+    page = opt.large_rounding;
+    memory_state us = upstream->state();
+    capacity = us.capacity_bytes ? us.capacity_bytes : std::numeric_limits<std::size_t>::max() / 2;
+    dev = upstream->device();
+    init_common();
+  }
+
+  ~impl() {
+    for (auto* a : arenas) {
+      if (a->paged) {
+        std::size_t np = a->handles.size();
+        for (std::size_t p = 0; p < np; ++p)
+          if (a->handles[p]) {
+            pages->unmap(a->base + p * page, 1);
+            pages->destroy(a->handles[p]);
+          }
+        pages->unreserve(a->base, a->size);
+      } else {
+        upstream->deallocate(reinterpret_cast<void*>(a->base), a->size, 0);
+      }
+      delete a;
+    }
+    for (auto h : spare_handles) pages->destroy(h);
+  }
+
+  // ---- slots -------------------------------------------------------------
+  std::uint32_t slot_for(stream_t s) {
+    for (std::uint32_t i = 1; i < slots.size(); ++i)
+      if (slots[i].stream == s) return i;
+    slots.emplace_back();
+    slots.back().stream = s;
+    return static_cast<std::uint32_t>(slots.size() - 1);
+  }
+
+  // ---- page arithmetic ---------------------------------------------------
+  std::size_t first_page(const block* b) const { return (b->addr - b->ar->base) / page; }
+  std::size_t last_page(const block* b) const { return (b->addr + b->size - 1 - b->ar->base) / page; }
+  // Pages lying wholly inside [addr, addr+size).
+  std::size_t interior_pages(const block* b) const {
+    if (!b->ar->paged) return 0;
+    std::size_t lo = round_up(b->addr - b->ar->base, page) / page;
+    std::size_t hi = (b->addr + b->size - b->ar->base) / page;
+    return hi > lo ? hi - lo : 0;
+  }
+  bool stealable(const block* b) const { return b->ar->paged && interior_pages(b) > b->unmapped; }
+
+  // ---- free index --------------------------------------------------------
+  void steal_link(block* b, stream_slot& s) {
+    b->in_steal = true;
+    b->sprev = s.steal_tail;
+    b->snext = nullptr;
+    if (s.steal_tail)
+      s.steal_tail->snext = b;
+    else
+      s.steal_head = b;
+    s.steal_tail = b;
+  }
+  void steal_unlink(block* b, stream_slot& s) {
+    if (!b->in_steal) return;
+    if (b->sprev)
+      b->sprev->snext = b->snext;
+    else
+      s.steal_head = b->snext;
+    if (b->snext)
+      b->snext->sprev = b->sprev;
+    else
+      s.steal_tail = b->sprev;
+    b->in_steal = false;
+    b->sprev = b->snext = nullptr;
+  }
+
+  void insert_free(block* b, std::uint32_t slot) {
+    auto& s = slots[slot];
+    b->state = block::free_state;
+    b->slot = slot;
+    b->hollow = b->unmapped > 0;
+    (b->hollow ? s.hollow : s.backed)[b->ar->small].insert(b);
+    if (stealable(b)) steal_link(b, s);
+    ++s.free_blocks;
+  }
+  void remove_free(block* b) {
+    auto& s = slots[b->slot];
+    (b->hollow ? s.hollow : s.backed)[b->ar->small].remove(b);
+    steal_unlink(b, s);
+    --s.free_blocks;
+  }
+
+  // Frees b into `slot`, merging with free neighbours of the same slot.
+  void make_free(block* b, std::uint32_t slot, std::uint64_t seq) {
+    b->requested = 0;
+    b->seq = seq;
+    if (block* p = b->prev; p && p->state == block::free_state && p->slot == slot) {
+      remove_free(p);
+      p->size += b->size;
+      p->unmapped += b->unmapped;
+      p->seq = std::max(p->seq, b->seq);
+      p->next = b->next;
+      if (b->next) b->next->prev = p;
+      blocks.recycle(b);
+      b = p;
+    }
+    if (block* n = b->next; n && n->state == block::free_state && n->slot == slot) {
+      remove_free(n);
+      b->size += n->size;
+      b->unmapped += n->unmapped;
+      b->seq = std::max(b->seq, n->seq);
+      b->next = n->next;
+      if (n->next) n->next->prev = b;
+      blocks.recycle(n);
+    }
+    insert_free(b, slot);
+  }
+
+  block* find_fit(std::size_t size, bool small, std::uint32_t slot) {
+    const std::uint32_t order[2] = {slot, 0};
+    const int n = slot == 0 ? 1 : 2;
+    for (int hollow = 0; hollow < 2; ++hollow)
+      for (int i = 0; i < n; ++i) {
+        auto& s = slots[order[i]];
+        auto& idx = (hollow ? s.hollow : s.backed)[small];
+        if (block* b = idx.find(size)) return b;
+      }
+    return nullptr;
+  }
+
+  // ---- physical pages ----------------------------------------------------
+  bool may_grow(std::size_t need_live) const {
+    if (reserved + page > limit) return false;
+    if (!opt.remap) return true;
+    return static_cast<double>(reserved + page) <=
+           (1.0 + opt.growth_slack) * static_cast<double>(need_live);
+  }
+
+  page_handle create_page() {
+    page_handle h = pages->create();
+    if (h) {
+      reserved += page;
+      peak_reserved = std::max(peak_reserved, reserved);
+      ++ctr.pages_created;
+      ++st.upstream_allocs;
+    }
+    return h;
+  }
+
+  // Unmaps one mapped page wholly inside a free block of `slot` and returns
+  // its physical page. Takes the highest such page of the oldest block.
+  page_handle steal(std::uint32_t slot) {
+    auto& s = slots[slot];
+    block* b = s.steal_head;
+    if (!b) return 0;
+    detail::arena* a = b->ar;
+    std::size_t lo = round_up(b->addr - a->base, page) / page;
+    std::size_t hi = (b->addr + b->size - a->base) / page;
+    std::size_t p = hi;
+    while (p > lo) {
+      --p;
+      std::uint64_t w = a->mapped_bits[p >> 6] & (~std::uint64_t{0} >> (63 - (p & 63)));
+      if (w) {
+        std::size_t q = (p & ~std::size_t{63}) + (63 - std::countl_zero(w));
+        if (q >= lo) {
+          p = q;
+          break;
+        }
+        p = lo;  // nothing mapped at or above lo in this word
+        break;
+      }
+      p &= ~std::size_t{63};
+    }
+    if (p < lo || !a->mapped(p)) return 0;  // invariant broken; caller reports
+    page_handle h = a->handles[p];
+    pages->unmap(a->base + p * page, 1);
+    a->handles[p] = 0;
+    a->set_mapped(p, false);
+    ++ctr.pages_unmapped;
+    ++ctr.pages_remapped;
+    // b moves to the hollow index and may stop being stealable.
+    (b->hollow ? s.hollow : s.backed)[b->ar->small].remove(b);
+    ++b->unmapped;
+    b->hollow = true;
+    s.hollow[b->ar->small].insert(b);
+    if (!stealable(b)) steal_unlink(b, s);
+    return h;
+  }
+
+  // Gets n physical pages for a block that will hold `need_live` live bytes.
+  bool acquire(std::size_t n, std::size_t need_live, std::uint32_t slot, std::vector<page_handle>& out) {
+    out.clear();
+    while (out.size() < n) {
+      page_handle h = 0;
+      if (!spare_handles.empty()) {
+        h = spare_handles.back();
+        spare_handles.pop_back();
+      } else if (may_grow(need_live)) {
+        h = create_page();
+      }
+      if (!h && opt.remap) h = steal(slot);
+      if (!h && opt.remap && slot != 0) h = steal(0);
+      if (!h && reserved + page <= limit) h = create_page();
+      if (!h) {
+        spare_handles.insert(spare_handles.end(), out.begin(), out.end());
+        out.clear();
+        return false;
+      }
+      out.push_back(h);
+    }
+    return true;
+  }
+
+  // Maps every unmapped page overlapping [addr, addr+size) of arena a.
+  bool back(detail::arena* a, std::uintptr_t addr, std::size_t size, std::size_t need_live,
+            std::uint32_t slot, std::size_t& newly) {
+    std::size_t p0 = (addr - a->base) / page, p1 = (addr + size - 1 - a->base) / page;
+    std::size_t n = 0;
+    for (std::size_t p = p0; p <= p1; ++p) n += !a->mapped(p);
+    newly = n;
+    if (n == 0) return true;
+    thread_local std::vector<page_handle> hs;
+    if (!acquire(n, need_live, slot, hs)) return false;
+    std::size_t k = 0;
+    std::size_t p = p0;
+    try {
+      while (p <= p1) {
+        if (a->mapped(p)) {
+          ++p;
+          continue;
+        }
+        std::size_t run = p;
+        while (run <= p1 && !a->mapped(run)) {
+          a->handles[run] = hs[k + (run - p)];
+          ++run;
+        }
+        pages->map(a->base + p * page, &hs[k], run - p);
+        for (std::size_t q = p; q < run; ++q) a->set_mapped(q, true);
+        ctr.pages_mapped += run - p;
+        ++ctr.map_calls;
+        k += run - p;
+        p = run;
+      }
+    } catch (...) {
+      // Undo this call's maps so the pool stays as it was, then rethrow.
+      for (std::size_t q = p0; q < p; ++q)
+        if (a->handles[q] && a->mapped(q)) {
+          bool ours = std::find(hs.begin(), hs.begin() + k, a->handles[q]) != hs.begin() + k;
+          if (ours) {
+            pages->unmap(a->base + q * page, 1);
+            a->set_mapped(q, false);
+          }
+        }
+      for (std::size_t q = p0; q <= p1; ++q)
+        if (!a->mapped(q)) a->handles[q] = 0;
+      spare_handles.insert(spare_handles.end(), hs.begin(), hs.end());
+      throw;
+    }
+    return true;
+  }
+
+  // ---- segments (non-paged upstreams) -------------------------------------
+  bool grow_segment(std::size_t size, bool small, stream_t stream) {
+    std::size_t seg = small ? std::max(opt.small_segment, size) : round_up(size, opt.large_rounding);
+    if (reserved + seg > limit) return false;
+    void* p = nullptr;
+    try {
+      p = upstream->allocate(seg, stream);
+    } catch (const out_of_memory&) {
+      return false;
+    }
+    if (!p) return false;
+    auto* a = new detail::arena;
+    a->base = reinterpret_cast<std::uintptr_t>(p);
+    a->size = seg;
+    a->small = small;
+    block* b = blocks.make();
+    b->addr = a->base;
+    b->size = seg;
+    b->ar = a;
+    a->first = b;
+    arenas.push_back(a);
+    reserved += seg;
+    peak_reserved = std::max(peak_reserved, reserved);
+    ++ctr.segments_allocated;
+    ++st.upstream_allocs;
+    insert_free(b, 0);
+    return true;
+  }
+
+  std::size_t release_free_segments() {
+    std::size_t released = 0;
+    for (std::size_t i = 0; i < arenas.size();) {
+      detail::arena* a = arenas[i];
+      block* b = a->first;
+      if (!a->paged && b->state == block::free_state && b->size == a->size) {
+        remove_free(b);
+        blocks.recycle(b);
+        upstream->deallocate(reinterpret_cast<void*>(a->base), a->size, 0);
+        reserved -= a->size;
+        released += a->size;
+        ++ctr.segments_freed;
+        ++st.upstream_frees;
+        delete a;
+        arenas.erase(arenas.begin() + static_cast<std::ptrdiff_t>(i));
+      } else {
+        ++i;
+      }
+    }
+    return released;
+  }
+
+  // ---- streams -----------------------------------------------------------
+  void process_pending(bool wait) {
+    for (std::size_t i = 0; i < pending.size();) {
+      block* b = pending[i];
+      bool ready = true;
+      for (event_id e : b->events) {
+        if (wait)
+          streams->wait(e);
+        else if (!streams->done(e)) {
+          ready = false;
+          break;
+        }
+      }
+      if (!ready) {
+        ++i;
+        continue;
+      }
+      for (event_id e : b->events) streams->release(e);
+      b->events.clear();
+      b->extra_streams.clear();
+      pending_bytes -= b->size;
+      pending[i] = pending.back();
+      pending.pop_back();
+      make_free(b, slot_for(b->stream), ++free_seq);
+    }
+  }
+
+  // Hands free blocks of other streams to all streams once their work is done.
+  bool reclaim_streams(bool wait) {
+    bool moved = false;
+    for (std::uint32_t i = 1; i < slots.size(); ++i) {
+      auto& s = slots[i];
+      if (s.free_blocks == 0) continue;
+      if (!s.event_pending) {
+        s.event = streams->record(s.stream);
+        s.event_seq = free_seq;
+        s.event_pending = true;
+      }
+      if (wait)
+        streams->wait(s.event);
+      else if (!streams->done(s.event))
+        continue;
+      streams->release(s.event);
+      s.event_pending = false;
+      std::vector<block*> take;
+      for (auto* idx : {&s.backed[0], &s.backed[1], &s.hollow[0], &s.hollow[1]})
+        idx->for_each([&](block* b) {
+          if (b->seq <= s.event_seq) take.push_back(b);
+        });
+      for (block* b : take) {
+        remove_free(b);
+        make_free(b, 0, b->seq);
+        moved = true;
+      }
+      ctr.stream_reclaims += take.size();
+    }
+    return moved;
+  }
+
+  // ---- allocate / free ---------------------------------------------------
+  void* allocate(std::size_t bytes, stream_t stream) {
+    if (bytes == 0) return nullptr;
+    std::lock_guard<std::mutex> lk(mu);
+    if (bytes > limit) throw_oom(bytes, "the request is larger than the ");
+    std::size_t size = round_up(bytes, opt.alignment);
+    bool small = size <= opt.small_threshold;
+    std::uint32_t slot = slot_for(stream);
+    if (!pending.empty()) process_pending(false);
+    if (block* b = try_place(size, small, slot, stream)) return finish(b, bytes, stream);
+    // Slow path: take other streams' finished frees, then wait for them,
+    // then give back everything cached, before declaring out of memory.
+    ++st.retries;
+    if (reclaim_streams(false))
+      if (block* b = try_place(size, small, slot, stream)) return finish(b, bytes, stream);
+    if (!pending.empty()) process_pending(true);
+    reclaim_streams(true);
+    if (!upstream) {
+      for (auto h : spare_handles) {
+        pages->destroy(h);
+        reserved -= page;
+        ++ctr.pages_destroyed;
+      }
+      spare_handles.clear();
+    } else {
+      release_free_segments();
+    }
+    if (block* b = try_place(size, small, 0, stream)) return finish(b, bytes, stream);
+    ++st.oom_count;
+    throw_oom(bytes, "");
+  }
+
+  block* try_place(std::size_t size, bool small, std::uint32_t slot, stream_t stream) {
+    block* b = find_fit(size, small, slot);
+    if (!b && upstream) {
+      if (!grow_segment(size, small, stream)) return nullptr;
+      b = find_fit(size, small, slot);
+    }
+    if (!b) return nullptr;
+    std::uint32_t from = b->slot;
+    remove_free(b);
+    detail::arena* a = b->ar;
+    std::size_t un_l = 0;  // unmapped pages under the part handed out
+    if (a->paged) {
+      std::size_t p0 = (b->addr - a->base) / page, p1 = (b->addr + size - 1 - a->base) / page;
+      for (std::size_t p = p0; p <= p1; ++p) un_l += !a->mapped(p);
+    }
+    // Split first, so the remainder's mapped pages can be remapped under the
+    // new block instead of growing. The remainder keeps b's slot.
+    if (b->size - size >= opt.alignment) {
+      block* r = blocks.make();
+      r->addr = b->addr + size;
+      r->size = b->size - size;
+      r->ar = a;
+      r->prev = b;
+      r->next = b->next;
+      if (b->next) b->next->prev = r;
+      b->next = r;
+      r->unmapped = b->unmapped - un_l;
+      r->seq = b->seq;
+      b->size = size;
+      insert_free(r, from);
+    }
+    if (un_l) {
+      bool ok = false;
+      std::size_t newly = 0;
+      try {
+        ok = back(a, b->addr, size, live_bytes + size, slot, newly);
+      } catch (...) {
+        b->unmapped = un_l;
+        make_free(b, from, b->seq);
+        throw;
+      }
+      if (!ok) {
+        b->unmapped = un_l;
+        make_free(b, from, b->seq);
+        return nullptr;
+      }
+    }
+    b->unmapped = 0;
+    return b;
+  }
+
+  void* finish(block* b, std::size_t bytes, stream_t stream) {
+    b->state = block::live_state;
+    b->requested = bytes;
+    b->stream = stream;
+    live.insert(b->addr, b);
+    live_bytes += b->size;
+    if (live_bytes > peak_live) peak_live = live_bytes;
+    return reinterpret_cast<void*>(b->addr);
+  }
+
+  [[noreturn]] void throw_oom(std::size_t bytes, const char* why) {
+    std::size_t largest = 0;
+    for (auto& s : slots) largest = std::max({largest, s.backed[0].largest(), s.backed[1].largest()});
+    std::size_t cached = reserved > live_bytes ? reserved - live_bytes : 0;
+    double frag = live_bytes ? static_cast<double>(reserved) / static_cast<double>(live_bytes) : 0.0;
+    std::ostringstream m;
+    m << "vramkit: out of memory on device " << dev << " (" << (upstream ? upstream->name() : pages->name())
+      << "): " << why << (why[0] ? "limit; " : "") << "requested " << format_bytes(bytes) << "; live "
+      << format_bytes(live_bytes) << ", cached " << format_bytes(cached) << ", reserved "
+      << format_bytes(reserved) << ", largest free range " << format_bytes(largest) << ", limit "
+      << format_bytes(limit) << ", device capacity " << format_bytes(capacity) << ", fragmentation ";
+    m.precision(3);
+    m << std::fixed << frag << " (reserved/live)";
+    throw out_of_memory(m.str(), bytes);
+  }
+
+  free_status deallocate(void* ptr, std::size_t bytes, stream_t stream) {
+    if (!ptr) return free_status::ok;
+    std::lock_guard<std::mutex> lk(mu);
+    auto key = reinterpret_cast<std::uintptr_t>(ptr);
+    block** slot = live.find(key);
+    if (!slot) return free_status::not_owned;
+    block* b = *slot;
+    if (bytes != 0 && bytes != b->requested && round_up(bytes, opt.alignment) != b->size)
+      return free_status::wrong_size;
+    live.erase(key);
+    live_bytes -= b->size;
+    // Freed on another stream than allocated: the memory is in use on both.
+    if (stream != b->stream &&
+        std::find(b->extra_streams.begin(), b->extra_streams.end(), stream) == b->extra_streams.end())
+      b->extra_streams.push_back(stream);
+    if (!b->extra_streams.empty()) {
+      for (stream_t s : b->extra_streams) b->events.push_back(streams->record(s));
+      b->state = block::pending_state;
+      pending_bytes += b->size;
+      pending.push_back(b);
+      return free_status::ok;
+    }
+    b->unmapped = 0;
+    make_free(b, slot_for(b->stream), ++free_seq);
+    if (opt.release_threshold != std::numeric_limits<std::size_t>::max()) trim_to(opt.release_threshold);
+    return free_status::ok;
+  }
+
+  void record_stream(void* ptr, stream_t stream) {
+    std::lock_guard<std::mutex> lk(mu);
+    block** slot = live.find(reinterpret_cast<std::uintptr_t>(ptr));
+    if (!slot) throw invalid_argument("record_stream: pointer " + std::to_string(reinterpret_cast<std::uintptr_t>(ptr)) +
+                                      " is not a live allocation of this pool");
+    block* b = *slot;
+    if (stream == b->stream) return;
+    if (std::find(b->extra_streams.begin(), b->extra_streams.end(), stream) == b->extra_streams.end())
+      b->extra_streams.push_back(stream);
+  }
+
+  // Gives back physical memory held by free blocks until cached <= target.
+  void trim_to(std::size_t target) {
+    auto cached = [&] { return reserved > live_bytes ? reserved - live_bytes : 0; };
+    if (cached() <= target) return;
+    if (upstream) {
+      release_free_segments();
+      return;
+    }
+    for (auto h : spare_handles) {
+      pages->destroy(h);
+      reserved -= page;
+      ++ctr.pages_destroyed;
+      ++st.upstream_frees;
+    }
+    spare_handles.clear();
+    while (cached() > target) {
+      page_handle h = steal(0);
+      for (std::uint32_t i = 1; !h && i < slots.size(); ++i) {
+        if (slots[i].free_blocks == 0) continue;
+        // Only pages whose stream work is done may go back.
+        if (!slots[i].steal_head) continue;
+        h = steal(i);
+      }
+      if (!h) break;
+      --ctr.pages_remapped;
+      pages->destroy(h);
+      reserved -= page;
+      ++ctr.pages_destroyed;
+      ++st.upstream_frees;
+    }
+  }
+
+  void release_cached() {
+    std::lock_guard<std::mutex> lk(mu);
+    process_pending(true);
+    reclaim_streams(true);
+    trim_to(0);
+  }
+
+  memory_state state() const {
+    std::lock_guard<std::mutex> lk(mu);
+    memory_state s = st;
+    s.live_bytes = live_bytes;
+    s.live_count = live.size();
+    s.reserved_bytes = reserved;
+    s.cached_bytes = reserved > live_bytes ? reserved - live_bytes : 0;
+    s.pending_free_bytes = pending_bytes;
+    for (auto& sl : slots)
+      s.largest_free_bytes = std::max({s.largest_free_bytes, sl.backed[0].largest(), sl.backed[1].largest()});
+    s.largest_free_bytes = std::min(s.largest_free_bytes, s.cached_bytes);
+    s.capacity_bytes = limit;
+    s.peak_live_bytes = peak_live;
+    s.peak_reserved_bytes = peak_reserved;
+    return s;
+  }
+
+  void check() const;
+  std::vector<segment_info> segments() const;
+};
+
+// ---- invariants (tests) -----------------------------------------------------
+void pool_resource::impl::check() const {
+  std::lock_guard<std::mutex> lk(mu);
+  auto fail = [](const std::string& what) { throw error("pool invariant broken: " + what); };
+  std::size_t live_sum = 0, live_n = 0, mapped_pages = 0;
+  for (auto* a : arenas) {
+    std::uintptr_t at = a->base;
+    const block* prev = nullptr;
+    for (const block* b = a->first; b; prev = b, b = b->next) {
+      if (b->addr != at) fail("blocks do not tile the arena at " + std::to_string(b->addr));
+      if (b->prev != prev) fail("broken back link");
+      if (b->ar != a) fail("block in the wrong arena");
+      if (b->addr % opt.alignment) fail("misaligned block");
+      at += b->size;
+      if (b->state == block::live_state) {
+        live_sum += b->size;
+        ++live_n;
+        auto* f = live.find(b->addr);
+        if (!f || *f != b) fail("live block missing from the live table");
+        if (b->requested > b->size) fail("block smaller than its request");
+      }
+      if (b->state == block::free_state && prev && prev->state == block::free_state &&
+          prev->slot == b->slot)
+        fail("two adjacent free blocks of one stream left unmerged");
+      if (a->paged) {
+        std::size_t p0 = (b->addr - a->base) / page, p1 = (b->addr + b->size - 1 - a->base) / page;
+        if (b->state != block::free_state) {
+          for (std::size_t p = p0; p <= p1; ++p)
+            if (!a->mapped(p)) fail("live block over an unmapped page");
+        } else {
+          std::size_t lo = round_up(b->addr - a->base, page) / page;
+          std::size_t hi = (b->addr + b->size - a->base) / page;
+          std::size_t un = 0;
+          for (std::size_t p = lo; p < hi; ++p) un += !a->mapped(p);
+          if (un != b->unmapped) fail("free block's unmapped count is stale");
+          if (b->hollow != (un > 0)) fail("free block in the wrong index");
+          if (b->in_steal != (hi > lo && hi - lo > un)) fail("stealable list out of date");
+          // Pages partly inside a free block must be mapped.
+          if (p0 < lo && !a->mapped(p0)) fail("unmapped page at a free block's edge");
+          if (p1 >= hi && !a->mapped(p1)) fail("unmapped page at a free block's edge");
+        }
+      }
+    }
+    if (at != a->base + a->size) fail("blocks do not cover the arena");
+    if (a->paged)
+      for (std::size_t p = 0; p < a->handles.size(); ++p) {
+        if (a->mapped(p) != (a->handles[p] != 0)) fail("page map and handles disagree");
+        mapped_pages += a->mapped(p);
+      }
+  }
+  if (live_sum != live_bytes) fail("live bytes do not add up");
+  if (live_n != live.size()) fail("live table has stale entries");
+  std::size_t pend = 0;
+  for (auto* b : pending) pend += b->size;
+  if (pend != pending_bytes) fail("pending bytes do not add up");
+  if (!upstream && (mapped_pages + spare_handles.size()) * page != reserved)
+    fail("reserved != mapped + spare pages");
+  if (reserved > limit && limit) fail("reserved over the limit");
+}
+
+std::vector<segment_info> pool_resource::impl::segments() const {
+  std::lock_guard<std::mutex> lk(mu);
+  std::vector<segment_info> out;
+  for (auto* a : arenas) {
+    if (!a->paged) {
+      segment_info s;
+      s.base = a->base;
+      s.size = a->size;
+      s.mapped_bytes = a->size;
+      s.small = a->small;
+      for (const block* b = a->first; b; b = b->next)
+        s.blocks.push_back({b->addr, b->size, b->requested, b->state == block::live_state,
+                            b->state == block::pending_state, b->stream});
+      out.push_back(std::move(s));
+      continue;
+    }
+    // A paged arena is reported as its runs of mapped pages.
+    std::size_t np = a->handles.size();
+    for (std::size_t p = 0; p < np;) {
+      if (!a->mapped(p)) {
+        ++p;
+        continue;
+      }
+      std::size_t q = p;
+      while (q < np && a->mapped(q)) ++q;
+      segment_info s;
+      s.base = a->base + p * page;
+      s.size = (q - p) * page;
+      s.mapped_bytes = s.size;
+      s.small = a->small;
+      std::uintptr_t lo = s.base, hi = s.base + s.size;
+      for (const block* b = a->first; b; b = b->next) {
+        std::uintptr_t bl = std::max(b->addr, lo), bh = std::min(b->addr + b->size, hi);
+        if (bl >= bh) continue;
+        s.blocks.push_back({bl, bh - bl, b->state == block::live_state ? b->requested : 0,
+                            b->state == block::live_state, b->state == block::pending_state, b->stream});
+      }
+      out.push_back(std::move(s));
+      p = q;
+    }
+  }
+  return out;
+}
+
+// ---- public surface ---------------------------------------------------------
+pool_resource::pool_resource(std::shared_ptr<page_device> pages, std::shared_ptr<stream_ops> streams,
+                             pool_options options)
+    : impl_(std::make_unique<impl>()) {
+  if (!pages) throw invalid_argument("pool_resource: no page device given");
+  impl_->pages = std::move(pages);
+  impl_->streams = streams ? std::move(streams) : std::make_shared<host_stream_ops>();
+  impl_->opt = options;
+  impl_->init_paged();
+}
+
+pool_resource::pool_resource(std::shared_ptr<device_resource> upstream, std::shared_ptr<stream_ops> streams,
+                             pool_options options)
+    : impl_(std::make_unique<impl>()) {
+  if (!upstream) throw invalid_argument("pool_resource: no upstream resource given");
+  impl_->upstream = std::move(upstream);
+  impl_->streams = streams ? std::move(streams) : std::make_shared<host_stream_ops>();
+  impl_->opt = options;
+  impl_->init_segmented();
+}
+
+pool_resource::~pool_resource() = default;
+
+void* pool_resource::do_allocate(std::size_t bytes, stream_t stream) { return impl_->allocate(bytes, stream); }
+free_status pool_resource::try_deallocate(void* p, std::size_t bytes, stream_t stream) noexcept {
+  return impl_->deallocate(p, bytes, stream);
+}
+void pool_resource::record_stream(void* p, stream_t s) { impl_->record_stream(p, s); }
+void pool_resource::release_cached() { impl_->release_cached(); }
+void pool_resource::reset_peaks() {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  impl_->peak_live = impl_->live_bytes;
+  impl_->peak_reserved = impl_->reserved;
+}
+memory_state pool_resource::state() const { return impl_->state(); }
+int pool_resource::device() const noexcept { return impl_->dev; }
+std::string pool_resource::name() const {
+  return "pool(" + (impl_->upstream ? impl_->upstream->name() : impl_->pages->name()) + ")";
+}
+std::size_t pool_resource::allocation_size(const void* p) const noexcept {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  auto* b = impl_->live.find(reinterpret_cast<std::uintptr_t>(p));
+  return b ? (*b)->requested : 0;
+}
+pool_counters pool_resource::counters() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  return impl_->ctr;
+}
+const pool_options& pool_resource::options() const noexcept { return impl_->opt; }
+bool pool_resource::paged() const noexcept { return !impl_->upstream; }
+std::size_t pool_resource::page_size() const noexcept { return impl_->page; }
+void pool_resource::set_reserve_limit(std::size_t bytes) {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  if (bytes > impl_->capacity)
+    throw invalid_argument("reserve limit " + format_bytes(bytes) + " is above the device capacity " +
+                           format_bytes(impl_->capacity));
+  impl_->limit = bytes ? bytes : impl_->capacity;
+}
+std::vector<segment_info> pool_resource::segments() const { return impl_->segments(); }
+void pool_resource::check_invariants() const { impl_->check(); }
+pool_resource::page_usage pool_resource::usage() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  page_usage u;
+  for (auto* a : impl_->arenas) {
+    if (!a->paged) continue;
+    for (const detail::block* b = a->first; b; b = b->next) {
+      if (b->state == detail::block::free_state) {
+        u.free_interior_mapped[a->small] += impl_->interior_pages(b) - b->unmapped;
+        continue;
+      }
+    }
+    std::size_t np = a->handles.size();
+    std::vector<char> live(np, 0);
+    for (const detail::block* b = a->first; b; b = b->next)
+      if (b->state != detail::block::free_state)
+        for (std::size_t p = impl_->first_page(b); p <= impl_->last_page(b); ++p) live[p] = 1;
+    for (std::size_t p = 0; p < np; ++p) {
+      u.mapped[a->small] += a->mapped(p);
+      u.live_overlap[a->small] += live[p];
+    }
+  }
+  u.spare = impl_->spare_handles.size();
+  return u;
+}
+
+}  // namespace vramkit

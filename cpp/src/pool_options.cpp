@@ -1,0 +1,126 @@
+#include "vramkit/pool_options.hpp"
+
+#include <cctype>
+#include <cmath>
+#include <cstdlib>
+#include <sstream>
+
+#include "vramkit/error.hpp"
+
+namespace vramkit {
+
+std::size_t parse_size(const std::string& text) {
+  std::string t;
+  for (char c : text)
+    if (!std::isspace(static_cast<unsigned char>(c))) t += c;
+  if (t.empty()) throw invalid_argument("empty size");
+  std::size_t i = 0;
+  while (i < t.size() && (std::isdigit(static_cast<unsigned char>(t[i])) || t[i] == '.')) ++i;
+  if (i == 0) throw invalid_argument("size '" + text + "' does not start with a number");
+  double v;
+  try {
+    v = std::stod(t.substr(0, i));
+  } catch (...) {
+    throw invalid_argument("size '" + text + "' is not a number");
+  }
+  std::string u = t.substr(i);
+  for (auto& c : u) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+  double mult = 1;
+  if (u.empty() || u == "B") mult = 1;
+  else if (u == "K" || u == "KB") mult = 1e3;
+  else if (u == "KIB") mult = 1024.0;
+  else if (u == "M" || u == "MB") mult = 1e6;
+  else if (u == "MIB") mult = 1024.0 * 1024;
+  else if (u == "G" || u == "GB") mult = 1e9;
+  else if (u == "GIB") mult = 1024.0 * 1024 * 1024;
+  else if (u == "T" || u == "TB") mult = 1e12;
+  else if (u == "TIB") mult = 1024.0 * 1024 * 1024 * 1024;
+  else throw invalid_argument("size '" + text + "' has an unknown unit '" + t.substr(i) + "'");
+  double bytes = v * mult;
+  if (!std::isfinite(bytes) || bytes < 0 || bytes > 9.0e18)
+    throw invalid_argument("size '" + text + "' is out of range");
+  return static_cast<std::size_t>(std::llround(bytes));
+}
+
+namespace {
+bool pow2(std::size_t v) { return v && !(v & (v - 1)); }
+bool parse_bool(const std::string& key, const std::string& v) {
+  if (v == "1" || v == "true" || v == "True" || v == "on") return true;
+  if (v == "0" || v == "false" || v == "False" || v == "off") return false;
+  throw invalid_argument("VRAMKIT_ALLOC_CONF: " + key + " takes true or false, not '" + v + "'");
+}
+}  // namespace
+
+void pool_options::validate() const {
+  if (!pow2(alignment) || alignment < 256)
+    throw invalid_argument("alignment " + std::to_string(alignment) + " must be a power of two of at least 256");
+  if (page_size && !pow2(page_size))
+    throw invalid_argument("page_size " + std::to_string(page_size) + " must be a power of two (or 0 for the device's)");
+  if (small_segment < alignment || large_rounding < alignment)
+    throw invalid_argument("small_segment and large_rounding must be at least the alignment");
+  if (!(growth_slack >= 0 && growth_slack <= 100))
+    throw invalid_argument("growth_slack " + std::to_string(growth_slack) + " must be between 0 and 100");
+  if (!(va_factor >= 1 && va_factor <= 64))
+    throw invalid_argument("va_factor " + std::to_string(va_factor) + " must be between 1 and 64");
+}
+
+void pool_options::parse(const std::string& conf) {
+  pool_options o = *this;
+  std::stringstream ss(conf);
+  std::string item;
+  while (std::getline(ss, item, ',')) {
+    if (item.find_first_not_of(" \t") == std::string::npos) continue;
+    auto colon = item.find(':');
+    if (colon == std::string::npos)
+      throw invalid_argument("VRAMKIT_ALLOC_CONF: '" + item + "' is not key:value");
+    std::string k = item.substr(0, colon), v = item.substr(colon + 1);
+    auto trim = [](std::string s) {
+      s.erase(0, s.find_first_not_of(" \t"));
+      s.erase(s.find_last_not_of(" \t") + 1);
+      return s;
+    };
+    k = trim(k);
+    v = trim(v);
+    try {
+      if (k == "alignment") o.alignment = parse_size(v);
+      else if (k == "page_size") o.page_size = parse_size(v);
+      else if (k == "small_threshold") o.small_threshold = parse_size(v);
+      else if (k == "small_segment") o.small_segment = parse_size(v);
+      else if (k == "large_rounding") o.large_rounding = parse_size(v);
+      else if (k == "reserve_limit") o.reserve_limit = parse_size(v);
+      else if (k == "release_threshold") o.release_threshold = v == "max" ? static_cast<std::size_t>(-1) : parse_size(v);
+      else if (k == "growth_slack") o.growth_slack = std::stod(v);
+      else if (k == "va_factor") o.va_factor = std::stod(v);
+      else if (k == "remap") o.remap = parse_bool(k, v);
+      else
+        throw invalid_argument("VRAMKIT_ALLOC_CONF: unknown key '" + k +
+                               "' (known: alignment, page_size, small_threshold, small_segment, large_rounding, "
+                               "reserve_limit, release_threshold, growth_slack, remap, va_factor)");
+    } catch (const invalid_argument&) {
+      throw;
+    } catch (const std::exception&) {
+      throw invalid_argument("VRAMKIT_ALLOC_CONF: bad value '" + v + "' for " + k);
+    }
+  }
+  o.validate();
+  *this = o;
+}
+
+pool_options pool_options::from_env() {
+  pool_options o;
+  if (const char* e = std::getenv("VRAMKIT_ALLOC_CONF")) o.parse(e);
+  return o;
+}
+
+std::string pool_options::to_string() const {
+  std::ostringstream s;
+  s << "alignment:" << alignment << ",page_size:" << page_size << ",small_threshold:" << small_threshold
+    << ",small_segment:" << small_segment << ",large_rounding:" << large_rounding
+    << ",reserve_limit:" << reserve_limit << ",release_threshold:";
+  if (release_threshold == static_cast<std::size_t>(-1)) s << "max";
+  else s << release_threshold;
+  s << ",growth_slack:" << growth_slack << ",remap:" << (remap ? "true" : "false") << ",va_factor:" << va_factor;
+  return s.str();
+}
+
+}  // namespace vramkit
