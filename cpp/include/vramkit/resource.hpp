@@ -29,6 +29,8 @@ struct memory_state {
   std::size_t capacity_bytes = 0;      // device capacity (or the limit in force)
   std::size_t upstream_allocs = 0;     // calls that took memory from the device
   std::size_t upstream_frees = 0;      // calls that gave memory back
+  std::size_t upstream_alloc_bytes = 0;  // bytes ever taken from the device
+  std::size_t upstream_free_bytes = 0;   // bytes ever given back
   std::size_t oom_count = 0;
   std::size_t retries = 0;             // allocations that had to release cache first
   std::size_t peak_live_bytes = 0;     // since construction or reset_peaks()

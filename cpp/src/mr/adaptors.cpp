@@ -64,8 +64,8 @@ statistics statistics_adaptor::stats() const {
   s.allocation_count = count_.get();
   s.reserved_bytes.current = static_cast<std::int64_t>(u.reserved_bytes);
   s.reserved_bytes.peak = static_cast<std::int64_t>(std::max(u.peak_reserved_bytes, u.reserved_bytes));
-  s.reserved_bytes.allocated = static_cast<std::int64_t>(u.upstream_allocs);
-  s.reserved_bytes.freed = static_cast<std::int64_t>(u.upstream_frees);
+  s.reserved_bytes.allocated = static_cast<std::int64_t>(u.upstream_alloc_bytes);
+  s.reserved_bytes.freed = static_cast<std::int64_t>(u.upstream_free_bytes);
   s.active_bytes.current = s.allocated_bytes.current + static_cast<std::int64_t>(u.pending_free_bytes);
   s.active_bytes.peak = std::max(s.active_bytes.current, s.allocated_bytes.peak);
   s.cached_bytes.current = static_cast<std::int64_t>(u.cached_bytes);

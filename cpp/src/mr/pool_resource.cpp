@@ -235,15 +235,14 @@ struct pool_resource::impl {
     insert_free(b, slot);
   }
 
-  block* find_fit(std::size_t size, bool small, std::uint32_t slot) {
+  block* find_fit(std::size_t size, bool small, std::uint32_t slot, bool hollow) {
     const std::uint32_t order[2] = {slot, 0};
     const int n = slot == 0 ? 1 : 2;
-    for (int hollow = 0; hollow < 2; ++hollow)
-      for (int i = 0; i < n; ++i) {
-        auto& s = slots[order[i]];
-        auto& idx = (hollow ? s.hollow : s.backed)[small];
-        if (block* b = idx.find(size)) return b;
-      }
+    for (int i = 0; i < n; ++i) {
+      auto& s = slots[order[i]];
+      auto& idx = (hollow ? s.hollow : s.backed)[small];
+      if (block* b = idx.find(size)) return b;
+    }
     return nullptr;
   }
 
@@ -262,70 +261,97 @@ struct pool_resource::impl {
       peak_reserved = std::max(peak_reserved, reserved);
       ++ctr.pages_created;
       ++st.upstream_allocs;
+      st.upstream_alloc_bytes += page;
     }
     return h;
   }
 
-  // Unmaps one mapped page wholly inside a free block of `slot` and returns
-  // its physical page. Takes the highest such page of the oldest block.
-  page_handle steal(std::uint32_t slot) {
+  // Unmaps up to `want` mapped pages wholly inside the oldest stealable free
+  // block of `slot` (one contiguous run, from its high end, in one call) and
+  // appends their physical pages to out. Returns how many it took.
+  std::size_t steal(std::uint32_t slot, std::size_t want, std::vector<page_handle>& out) {
     auto& s = slots[slot];
     block* b = s.steal_head;
-    if (!b) return 0;
+    if (!b || want == 0) return 0;
     detail::arena* a = b->ar;
     std::size_t lo = round_up(b->addr - a->base, page) / page;
     std::size_t hi = (b->addr + b->size - a->base) / page;
     std::size_t p = hi;
-    while (p > lo) {
+    while (p > lo) {  // highest mapped page in [lo, hi)
       --p;
       std::uint64_t w = a->mapped_bits[p >> 6] & (~std::uint64_t{0} >> (63 - (p & 63)));
       if (w) {
-        std::size_t q = (p & ~std::size_t{63}) + (63 - std::countl_zero(w));
-        if (q >= lo) {
-          p = q;
-          break;
-        }
-        p = lo;  // nothing mapped at or above lo in this word
+        p = (p & ~std::size_t{63}) + (63 - static_cast<std::size_t>(std::countl_zero(w)));
         break;
       }
       p &= ~std::size_t{63};
+      if (p <= lo) {
+        p = lo;
+        break;
+      }
     }
-    if (p < lo || !a->mapped(p)) return 0;  // invariant broken; caller reports
-    page_handle h = a->handles[p];
-    pages->unmap(a->base + p * page, 1);
-    a->handles[p] = 0;
-    a->set_mapped(p, false);
-    ++ctr.pages_unmapped;
-    ++ctr.pages_remapped;
-    // b moves to the hollow index and may stop being stealable.
+    if (p < lo || p >= hi || !a->mapped(p)) return 0;  // cannot happen while invariants hold
+    std::size_t first = p;
+    while (first > lo && a->mapped(first - 1) && p + 1 - first < want) --first;
+    std::size_t k = p + 1 - first;
+    pages->unmap(a->base + first * page, k);
+    for (std::size_t q = first; q <= p; ++q) {
+      out.push_back(a->handles[q]);
+      a->handles[q] = 0;
+      a->set_mapped(q, false);
+    }
+    ctr.pages_unmapped += k;
+    ctr.pages_remapped += k;
     (b->hollow ? s.hollow : s.backed)[b->ar->small].remove(b);
-    ++b->unmapped;
+    b->unmapped += k;
     b->hollow = true;
     s.hollow[b->ar->small].insert(b);
     if (!stealable(b)) steal_unlink(b, s);
-    return h;
+    return k;
   }
 
   // Gets n physical pages for a block that will hold `need_live` live bytes.
+  // Only pages of blocks whose stream work is known complete (the shared
+  // slot) are remapped without waiting; the requester's own stream is waited
+  // for only when the device is otherwise full.
   bool acquire(std::size_t n, std::size_t need_live, std::uint32_t slot, std::vector<page_handle>& out) {
     out.clear();
+    bool reclaimed = false, waited = false;
     while (out.size() < n) {
-      page_handle h = 0;
       if (!spare_handles.empty()) {
-        h = spare_handles.back();
+        out.push_back(spare_handles.back());
         spare_handles.pop_back();
-      } else if (may_grow(need_live)) {
-        h = create_page();
+        continue;
       }
-      if (!h && opt.remap) h = steal(slot);
-      if (!h && opt.remap && slot != 0) h = steal(0);
-      if (!h && reserved + page <= limit) h = create_page();
-      if (!h) {
-        spare_handles.insert(spare_handles.end(), out.begin(), out.end());
-        out.clear();
-        return false;
+      if (may_grow(need_live)) {
+        if (page_handle h = create_page()) {
+          out.push_back(h);
+          continue;
+        }
       }
-      out.push_back(h);
+      if (opt.remap) {
+        if (steal(0, n - out.size(), out)) continue;
+        if (!reclaimed) {
+          reclaimed = true;
+          if (reclaim_streams(false)) continue;
+        }
+      }
+      if (reserved + page <= limit) {
+        if (page_handle h = create_page()) {
+          out.push_back(h);
+          continue;
+        }
+      }
+      if (opt.remap && slot != 0 && slots[slot].steal_head) {
+        if (!waited) {
+          streams->wait_for_stream(slots[slot].stream);
+          waited = true;
+        }
+        if (steal(slot, n - out.size(), out)) continue;
+      }
+      spare_handles.insert(spare_handles.end(), out.begin(), out.end());
+      out.clear();
+      return false;
     }
     return true;
   }
@@ -403,6 +429,7 @@ struct pool_resource::impl {
     peak_reserved = std::max(peak_reserved, reserved);
     ++ctr.segments_allocated;
     ++st.upstream_allocs;
+    st.upstream_alloc_bytes += seg;
     insert_free(b, 0);
     return true;
   }
@@ -420,6 +447,7 @@ struct pool_resource::impl {
         released += a->size;
         ++ctr.segments_freed;
         ++st.upstream_frees;
+        st.upstream_free_bytes += a->size;
         delete a;
         arenas.erase(arenas.begin() + static_cast<std::ptrdiff_t>(i));
       } else {
@@ -510,6 +538,8 @@ struct pool_resource::impl {
         pages->destroy(h);
         reserved -= page;
         ++ctr.pages_destroyed;
+        ++st.upstream_frees;
+        st.upstream_free_bytes += page;
       }
       spare_handles.clear();
     } else {
@@ -521,14 +551,19 @@ struct pool_resource::impl {
   }
 
   block* try_place(std::size_t size, bool small, std::uint32_t slot, stream_t stream) {
-    block* b = find_fit(size, small, slot);
+    block* b = find_fit(size, small, slot, false);
+    // Before taking fresh pages, let other streams' finished frees serve.
+    if (!b && slots.size() > 2 && reclaim_streams(false)) b = find_fit(size, small, slot, false);
+    if (!b) b = find_fit(size, small, slot, true);
     if (!b && upstream) {
       if (!grow_segment(size, small, stream)) return nullptr;
-      b = find_fit(size, small, slot);
+      b = find_fit(size, small, slot, false);
     }
     if (!b) return nullptr;
     std::uint32_t from = b->slot;
     remove_free(b);
+    // Not free while being placed: a merge triggered below must not absorb it.
+    b->state = block::live_state;
     detail::arena* a = b->ar;
     std::size_t un_l = 0;  // unmapped pages under the part handed out
     if (a->paged) {
@@ -649,22 +684,21 @@ struct pool_resource::impl {
       reserved -= page;
       ++ctr.pages_destroyed;
       ++st.upstream_frees;
+      st.upstream_free_bytes += page;
     }
     spare_handles.clear();
+    reclaim_streams(false);
+    std::vector<page_handle> hs;
     while (cached() > target) {
-      page_handle h = steal(0);
-      for (std::uint32_t i = 1; !h && i < slots.size(); ++i) {
-        if (slots[i].free_blocks == 0) continue;
-        // Only pages whose stream work is done may go back.
-        if (!slots[i].steal_head) continue;
-        h = steal(i);
-      }
-      if (!h) break;
-      --ctr.pages_remapped;
-      pages->destroy(h);
-      reserved -= page;
-      ++ctr.pages_destroyed;
-      ++st.upstream_frees;
+      hs.clear();
+      std::size_t k = steal(0, (cached() - target + page - 1) / page, hs);  // only memory no stream still uses
+      if (!k) break;
+      ctr.pages_remapped -= k;
+      for (auto h : hs) pages->destroy(h);
+      reserved -= k * page;
+      ctr.pages_destroyed += k;
+      st.upstream_frees += k;
+      st.upstream_free_bytes += k * page;
     }
   }
 

@@ -18,6 +18,12 @@ class stream_ops {
   virtual void wait(event_id e) = 0;  // blocks the host until done
   virtual void release(event_id e) noexcept = 0;
   virtual void synchronize_device() = 0;
+  // Blocks until the work queued on `s` so far is done.
+  void wait_for_stream(stream_t s) {
+    event_id e = record(s);
+    wait(e);
+    release(e);
+  }
 };
 
 // Events that are always complete (no device work exists).

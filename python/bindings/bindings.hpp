@@ -1,0 +1,16 @@
+// Shared helpers of the binding files.
+#pragma once
+#include <nanobind/nanobind.h>
+
+#include "vramkit/mr/statistics_adaptor.hpp"
+#include "vramkit/resource.hpp"
+
+namespace vramkit::py {
+namespace nb = nanobind;
+stream_t to_stream(nb::handle h);
+int to_device(nb::handle h);
+nb::dict state_dict(const memory_state& s);
+nb::dict stats_dict(const statistics& s);
+}  // namespace vramkit::py
+
+void bind_buffer(nanobind::module_& m);

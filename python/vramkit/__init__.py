@@ -1,0 +1,187 @@
+"""vramkit: GPU memory (VRAM) management.
+
+A low-fragmentation caching allocator with explicit device buffers and the
+statistics ``torch.cuda`` users know, plus traces, replay, reports, leak
+detection and monitoring. On a machine without a GPU everything runs on a
+simulated device in host memory (the ``host`` backend).
+
+>>> import vramkit
+>>> buf = vramkit.alloc(1 << 20)
+>>> vramkit.memory_allocated()
+1048576
+>>> buf.free()
+"""
+from __future__ import annotations
+
+from . import _vramkit
+from ._vramkit import DeviceBuffer, Resource, OutOfMemoryError, format_bytes, parse_size
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "DeviceBuffer", "Resource", "OutOfMemoryError", "alloc", "memory_allocated", "memory_reserved",
+    "max_memory_allocated", "max_memory_reserved", "reset_peak_memory_stats", "memory_stats",
+    "memory_summary", "empty_cache", "mem_get_info", "set_per_process_memory_fraction",
+    "get_memory_info", "device_info", "set_current_resource", "get_current_resource", "make_resource",
+    "backend", "device_count", "info", "format_bytes", "parse_size",
+]
+
+
+def alloc(nbytes: int, stream=None, device=None) -> DeviceBuffer:
+    """Allocate ``nbytes`` of device memory from the device's current resource.
+
+    Parameters
+    ----------
+    nbytes : int
+        Size in bytes. 0 gives an empty buffer (``ptr == 0``) that takes no memory.
+    stream : int or stream object, optional
+        The ``cudaStream_t`` (or a torch/cupy/numba stream) the memory is used on.
+    device : int, optional
+        Device index; the current device by default.
+
+    Raises
+    ------
+    ValueError
+        ``nbytes`` is negative or not an integer, or the device is unknown.
+    OutOfMemoryError
+        The device cannot hold it even after the cache is released.
+    """
+    if type(nbytes) is not int:
+        if isinstance(nbytes, bool) or not hasattr(nbytes, "__index__"):
+            raise ValueError(f"nbytes must be an integer, not {type(nbytes).__name__}")
+        nbytes = int(nbytes.__index__())
+    if nbytes < 0:
+        raise ValueError(f"nbytes must not be negative (got {nbytes})")
+    return _vramkit.alloc(nbytes, stream, device)
+
+
+def backend() -> str:
+    """``"cuda"`` when a GPU serves vramkit, ``"host"`` for the simulated device."""
+    return _vramkit.backend()
+
+
+def device_count() -> int:
+    return _vramkit.device_count()
+
+
+def get_current_resource(device=None) -> Resource:
+    """The resource ``alloc`` and the framework integrations allocate from."""
+    return _vramkit.current_resource(device)
+
+
+def set_current_resource(resource: Resource, device=None) -> None:
+    """Make ``resource`` the device's current resource (buffers already handed out keep theirs)."""
+    if not isinstance(resource, Resource):
+        raise ValueError(f"expected a vramkit.Resource, not {type(resource).__name__}")
+    _vramkit.set_current_resource(resource, device)
+
+
+def make_resource(spec: str = "vramkit", device: int = 0) -> Resource:
+    """Build an allocator from a spec such as ``"vramkit"``, ``"pool:growth_slack:0.05"``,
+    ``"pool:upstream=cuda"``, ``"host"``, ``"vmm"``, ``"cuda"``, ``"cuda_async"``."""
+    return _vramkit.make_resource(spec, device)
+
+
+def _stats(device=None) -> dict:
+    r = _vramkit.current_resource(device)
+    s = r.statistics()
+    if s is None:  # a user-set resource without a statistics adaptor
+        st = r.state()
+        s = {
+            "allocated_bytes.all.current": st["live_bytes"], "allocated_bytes.all.peak": st["peak_live_bytes"],
+            "reserved_bytes.all.current": st["reserved_bytes"],
+            "reserved_bytes.all.peak": max(st["peak_reserved_bytes"], st["reserved_bytes"]),
+        }
+    return s
+
+
+def memory_allocated(device=None) -> int:
+    """Bytes currently allocated (requested sizes of live allocations)."""
+    return _stats(device)["allocated_bytes.all.current"]
+
+
+def max_memory_allocated(device=None) -> int:
+    return _stats(device)["allocated_bytes.all.peak"]
+
+
+def memory_reserved(device=None) -> int:
+    """Bytes the allocator holds from the device (allocated plus cached)."""
+    return _stats(device)["reserved_bytes.all.current"]
+
+
+def max_memory_reserved(device=None) -> int:
+    return _stats(device)["reserved_bytes.all.peak"]
+
+
+def reset_peak_memory_stats(device=None) -> None:
+    _vramkit.current_resource(device).reset_peaks()
+
+
+def memory_stats(device=None) -> dict:
+    """A flat dict with ``torch.cuda.memory_stats()`` key names (``allocated_bytes.all.current``, ...)
+    plus vramkit's own (``fragmentation``, ``largest_free_bytes``, ``pages_remapped``, ...)."""
+    r = _vramkit.current_resource(device)
+    s = dict(_stats(device))
+    st = r.state()
+    s["cached_bytes"] = st["cached_bytes"]
+    s["pending_free_bytes"] = st["pending_free_bytes"]
+    c = r.pool_counters()
+    if c:
+        for k, v in c.items():
+            if k != "options":
+                s["pool." + k] = v
+    return dict(sorted(s.items()))
+
+
+def empty_cache(device=None) -> None:
+    """Return cached memory to the device; live allocations are untouched."""
+    _vramkit.current_resource(device).release_cached()
+
+
+def mem_get_info(device=None) -> tuple[int, int]:
+    """``(free, total)`` bytes of the device, as ``cudaMemGetInfo`` reports them."""
+    return _vramkit.mem_get_info(device)
+
+
+def set_per_process_memory_fraction(fraction: float, device=None) -> None:
+    """Cap the memory this process's allocator may reserve at ``fraction`` of the device."""
+    try:
+        fraction = float(fraction)
+    except (TypeError, ValueError):
+        raise ValueError(f"fraction must be a number, not {fraction!r}") from None
+    if not (0.0 < fraction <= 1.0):
+        raise ValueError(f"fraction must be in (0, 1], not {fraction}")
+    r = _vramkit.current_resource(device)
+    total = _vramkit.mem_get_info(device)[1]
+    r.set_reserve_limit(int(total * fraction))
+
+
+def get_memory_info(device=None) -> dict:
+    """TensorFlow's ``{'current': bytes, 'peak': bytes}`` of allocated memory."""
+    s = _stats(device)
+    return {"current": s["allocated_bytes.all.current"], "peak": s["allocated_bytes.all.peak"]}
+
+
+def device_info(device=None) -> dict:
+    """The memory hierarchy of the device (simulated values on the host backend)."""
+    return _vramkit.device_properties(device)
+
+
+def memory_summary(device=None, abbreviated: bool = False) -> str:
+    """A readable table of the allocator's state, in the spirit of ``torch.cuda.memory_summary``."""
+    from ._summary import memory_summary as _ms
+    return _ms(device, abbreviated)
+
+
+def info() -> str:
+    """What ``vramkit info`` prints: backend, devices and their memory hierarchy."""
+    from ._summary import info_text
+    return info_text()
+
+
+def __getattr__(name):
+    # Framework integrations and tools load lazily: importing vramkit never imports a framework.
+    import importlib
+    if name in ("torch", "cupy", "numba", "trace", "report", "leaks", "monitor", "cli"):
+        return importlib.import_module(f"vramkit.{name}")
+    raise AttributeError(f"module 'vramkit' has no attribute {name!r}")
