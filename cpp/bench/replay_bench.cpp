@@ -56,7 +56,7 @@ int main(int argc, char** argv) {
         o.passes = passes;
         auto res = replay(ops, *r, o);
         std::printf(
-            "{\"trace\":\"%s\",\"allocator\":\"vramkit_%s\",\"ops\":%zu,\"peak_live_requested\":%zu,"
+            "{\"trace\":\"%s\",\"allocator\":\"%s\",\"ops\":%zu,\"peak_live_requested\":%zu,"
             "\"peak_reserved\":%zu,\"fragmentation\":%.4f,\"ns_per_op\":%.1f,\"warm_ns_per_op\":%.1f,"
             "\"ooms\":%zu,\"upstream_allocs\":%zu}\n",
             name.c_str(), spec.c_str(), res.ops, res.peak_live_bytes, res.peak_reserved_bytes, res.fragmentation,

@@ -142,7 +142,6 @@ std::shared_ptr<device_resource> make_resource(const std::string& spec, int devi
   std::string kind = spec.substr(0, colon);
   std::string conf = colon == std::string::npos ? "" : spec.substr(colon + 1);
   if (kind == "host") {
-    pool_options o;  // only validates that no options were given
     if (!conf.empty()) throw invalid_argument("allocator 'host' takes no options");
     return std::make_shared<page_resource>(std::make_shared<host_page_device>(host_capacity(), 2 << 20, device));
   }

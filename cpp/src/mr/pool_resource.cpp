@@ -316,6 +316,17 @@ struct pool_resource::impl {
   // for only when the device is otherwise full.
   bool acquire(std::size_t n, std::size_t need_live, std::uint32_t slot, std::vector<page_handle>& out) {
     out.clear();
+    try {
+      return acquire_some(n, need_live, slot, out);
+    } catch (...) {
+      // Pages taken so far stay with the pool as spares: nothing leaks.
+      spare_handles.insert(spare_handles.end(), out.begin(), out.end());
+      out.clear();
+      throw;
+    }
+  }
+
+  bool acquire_some(std::size_t n, std::size_t need_live, std::uint32_t slot, std::vector<page_handle>& out) {
     bool reclaimed = false, waited = false;
     while (out.size() < n) {
       if (!spare_handles.empty()) {
@@ -787,7 +798,6 @@ void pool_resource::impl::check() const {
   if (pend != pending_bytes) fail("pending bytes do not add up");
   if (!upstream && (mapped_pages + spare_handles.size()) * page != reserved)
     fail("reserved != mapped + spare pages");
-  if (reserved > limit && limit) fail("reserved over the limit");
 }
 
 std::vector<segment_info> pool_resource::impl::segments() const {
@@ -891,6 +901,9 @@ void pool_resource::set_reserve_limit(std::size_t bytes) {
     throw invalid_argument("reserve limit " + format_bytes(bytes) + " is above the device capacity " +
                            format_bytes(impl_->capacity));
   impl_->limit = bytes ? bytes : impl_->capacity;
+  // Cached memory over the new limit goes back now; live memory stays (later
+  // growth is refused until usage is under the limit).
+  if (impl_->reserved > impl_->limit) impl_->trim_to(impl_->limit > impl_->live_bytes ? impl_->limit - impl_->live_bytes : 0);
 }
 std::vector<segment_info> pool_resource::segments() const { return impl_->segments(); }
 void pool_resource::check_invariants() const { impl_->check(); }

@@ -1,0 +1,58 @@
+// libFuzzer target: the input is a sequence of pool operations (allocate
+// with size and stream, free, record_stream, release, limit). After each one
+// the pool's invariants must hold; data written at allocation must survive.
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+#include "vramkit/mr/pool_resource.hpp"
+#include "vramkit/platform/host_page_device.hpp"
+
+using namespace vramkit;
+
+extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
+  auto dev = std::make_shared<host_page_device>(std::size_t{1} << 30);
+  pool_options o;
+  if (size > 0) o.growth_slack = (data[0] % 8) / 20.0;
+  pool_resource pool(dev, nullptr, o);
+  struct live { std::uint8_t* p; std::size_t n; stream_t s; std::uint8_t tag; };
+  std::vector<live> v;
+  std::size_t i = 1;
+  auto next = [&](std::size_t k) {
+    std::uint64_t x = 0;
+    for (std::size_t j = 0; j < k && i < size; ++j) x = x << 8 | data[i++];
+    return x;
+  };
+  while (i < size) {
+    std::uint8_t op = static_cast<std::uint8_t>(next(1)) % 6;
+    if (op <= 2) {
+      std::size_t n = next(3) << (next(1) % 8);  // up to ~2 GiB: some fail
+      stream_t s = next(1) % 3;
+      try {
+        auto* p = static_cast<std::uint8_t*>(pool.allocate(n, s));
+        if (p) {
+          std::uint8_t tag = static_cast<std::uint8_t>(v.size());
+          p[0] = tag;
+          p[n - 1] = tag;
+          v.push_back({p, n, s, tag});
+        }
+      } catch (const out_of_memory&) {
+      }
+    } else if (op == 3 && !v.empty()) {
+      std::size_t k = next(2) % v.size();
+      if (v[k].p[0] != v[k].tag || v[k].p[v[k].n - 1] != v[k].tag) __builtin_trap();
+      pool.deallocate_checked(v[k].p, v[k].n, v[k].s);
+      v[k] = v.back();
+      v.pop_back();
+    } else if (op == 4 && !v.empty()) {
+      pool.record_stream(v[next(2) % v.size()].p, next(1) % 3);
+    } else if (op == 5) {
+      if (next(1) % 2) pool.release_cached();
+      else try { pool.set_reserve_limit((next(1) % 64 + 1) << 24); } catch (const invalid_argument&) {}
+    }
+    pool.check_invariants();
+  }
+  for (auto& l : v) pool.deallocate_checked(l.p, l.n, l.s);
+  pool.check_invariants();
+  return 0;
+}

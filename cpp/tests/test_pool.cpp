@@ -1,0 +1,350 @@
+// The pool against a reference model, under injected faults, across streams
+// and threads.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <random>
+#include <thread>
+
+#include "vramkit/mr/page_resource.hpp"
+#include "vramkit/mr/pool_resource.hpp"
+#include "vramkit/mr/statistics_adaptor.hpp"
+#include "vramkit/platform/host_page_device.hpp"
+
+using namespace vramkit;
+
+namespace {
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+constexpr std::size_t GiB = std::size_t{1} << 30;
+
+// A page device that fails every k-th create or map (alternating kinds).
+class faulty_device final : public page_device {
+ public:
+  faulty_device(std::shared_ptr<page_device> inner, int every) : in_(std::move(inner)), every_(every) {}
+  std::size_t granularity() const noexcept override { return in_->granularity(); }
+  std::size_t capacity() const noexcept override { return in_->capacity(); }
+  std::size_t created_bytes() const noexcept override { return in_->created_bytes(); }
+  std::uintptr_t reserve(std::size_t b) override { return in_->reserve(b); }
+  void unreserve(std::uintptr_t va, std::size_t b) noexcept override { in_->unreserve(va, b); }
+  page_handle create() override {
+    if (++calls_ % every_ == 0) {
+      ++faults;
+      if (calls_ % (2 * every_) == 0) return 0;  // "device full"
+      throw cuda_error("injected create failure", 2);
+    }
+    return in_->create();
+  }
+  void destroy(page_handle h) noexcept override { in_->destroy(h); }
+  void map(std::uintptr_t va, const page_handle* h, std::size_t n) override {
+    if (++calls_ % every_ == 0) {
+      ++faults;
+      throw cuda_error("injected map failure", 3);
+    }
+    in_->map(va, h, n);
+  }
+  void unmap(std::uintptr_t va, std::size_t n) noexcept override { in_->unmap(va, n); }
+  int device() const noexcept override { return 0; }
+  std::string name() const override { return "faulty"; }
+  device_properties properties() const override { return in_->properties(); }
+  int faults = 0;
+
+ private:
+  std::shared_ptr<page_device> in_;
+  int every_;
+  long calls_ = 0;
+};
+
+struct live_block {
+  std::size_t size;
+  stream_t stream;
+};
+
+// Checks the model against the pool: no overlap, alignment, stats add up.
+void check_model(const pool_resource& pool, const std::map<std::uintptr_t, live_block>& live, std::size_t align) {
+  std::uintptr_t end = 0;
+  std::size_t sum = 0;
+  for (auto& [a, b] : live) {
+    ASSERT_EQ(a % align, 0u);
+    ASSERT_GE(a, end) << "live blocks overlap";
+    end = a + b.size;
+    sum += b.size;
+    ASSERT_EQ(pool.allocation_size(reinterpret_cast<void*>(a)), b.size);
+  }
+  memory_state s = pool.state();
+  ASSERT_EQ(s.live_count, live.size());
+  ASSERT_GE(s.live_bytes, sum);
+  ASSERT_EQ(s.live_bytes + s.cached_bytes, s.reserved_bytes) << "live + cached != reserved";
+}
+
+std::size_t random_size(std::mt19937_64& rng, std::size_t lo, std::size_t hi) {
+  std::uniform_real_distribution<double> lg(std::log2(double(lo)), std::log2(double(hi)));
+  return std::max<std::size_t>(lo, static_cast<std::size_t>(std::exp2(lg(rng))));
+}
+
+TEST(pool_property, hundred_thousand_random_ops_against_a_model) {
+  auto dev = std::make_shared<host_page_device>(64 * GiB);
+  pool_options o;
+  pool_resource pool(dev, nullptr, o);
+  std::mt19937_64 rng(20261202);
+  std::map<std::uintptr_t, live_block> live;
+  std::vector<std::uintptr_t> order;
+  const stream_t streams[3] = {0, 0x1000, 0x2000};
+  std::size_t live_bytes = 0;
+  for (int step = 0; step < 100000; ++step) {
+    bool do_alloc = live.empty() || (live.size() < 400 && rng() % 2 == 0 && live_bytes < 40 * GiB);
+    if (do_alloc) {
+      std::size_t n = random_size(rng, 1, 256 * MiB);
+      stream_t s = streams[rng() % 3];
+      void* p = pool.allocate(n, s);
+      auto a = reinterpret_cast<std::uintptr_t>(p);
+      ASSERT_TRUE(live.emplace(a, live_block{n, s}).second) << "address handed out twice";
+      order.push_back(a);
+      live_bytes += n;
+    } else {
+      std::size_t k = rng() % order.size();  // frees in random order
+      std::uintptr_t a = order[k];
+      order[k] = order.back();
+      order.pop_back();
+      auto it = live.find(a);
+      stream_t s = it->second.stream;
+      live_bytes -= it->second.size;
+      ASSERT_EQ(pool.try_deallocate(reinterpret_cast<void*>(a), it->second.size, s), free_status::ok);
+      live.erase(it);
+    }
+    // Cheap checks every step; the full structural walk every 997 steps.
+    memory_state st = pool.state();
+    ASSERT_EQ(st.live_count, live.size());
+    ASSERT_EQ(st.live_bytes + st.cached_bytes, st.reserved_bytes);
+    if (step % 997 == 0) {
+      check_model(pool, live, o.alignment);
+      pool.check_invariants();
+    }
+  }
+  for (auto& [a, b] : live) pool.deallocate_checked(reinterpret_cast<void*>(a), b.size, b.stream);
+  pool.check_invariants();
+  pool.release_cached();
+  EXPECT_EQ(pool.state().reserved_bytes, 0u);
+  EXPECT_EQ(dev->created_bytes(), 0u);
+}
+
+TEST(pool_faults, every_kth_upstream_call_fails_without_leak_or_corruption) {
+  for (int every : {3, 7, 50}) {
+    auto inner = std::make_shared<host_page_device>(16 * GiB);
+    auto dev = std::make_shared<faulty_device>(inner, every);
+    pool_resource pool(dev, nullptr);
+    std::mt19937_64 rng(every);
+    std::map<std::uintptr_t, live_block> live;
+    int errors = 0;
+    for (int step = 0; step < 3000; ++step) {
+      if (live.empty() || rng() % 2) {
+        std::size_t n = random_size(rng, 256, 64 * MiB);
+        try {
+          void* p = pool.allocate(n);
+          std::memset(p, 0x3c, std::min<std::size_t>(n, 64));
+          live.emplace(reinterpret_cast<std::uintptr_t>(p), live_block{n, 0});
+        } catch (const out_of_memory& e) {
+          ++errors;
+          EXPECT_NE(std::string(e.what()).find("requested"), std::string::npos);
+        } catch (const cuda_error& e) {
+          ++errors;
+          EXPECT_NE(std::string(e.what()).find("injected"), std::string::npos);
+        }
+      } else {
+        auto it = live.begin();
+        std::advance(it, rng() % live.size());
+        ASSERT_EQ(static_cast<unsigned char*>(reinterpret_cast<void*>(it->first))[0], 0x3c) << "data corrupted";
+        pool.deallocate_checked(reinterpret_cast<void*>(it->first), it->second.size);
+        live.erase(it);
+      }
+      if (step % 101 == 0) {
+        check_model(pool, live, 256);
+        pool.check_invariants();
+      }
+    }
+    EXPECT_GT(dev->faults, 0);
+    EXPECT_GT(errors, 0);
+    for (auto& [a, b] : live) pool.deallocate_checked(reinterpret_cast<void*>(a), b.size);
+    pool.check_invariants();
+    pool.release_cached();
+    EXPECT_EQ(inner->created_bytes(), 0u) << "physical pages leaked with every=" << every;
+  }
+}
+
+TEST(pool, out_of_memory_message_and_recovery) {
+  auto dev = std::make_shared<host_page_device>(256 * MiB);
+  pool_resource pool(dev, nullptr);
+  std::vector<void*> keep;
+  for (int i = 0; i < 12; ++i) keep.push_back(pool.allocate(20 * MiB));
+  try {
+    pool.allocate(100 * MiB);
+    FAIL() << "expected out_of_memory";
+  } catch (const out_of_memory& e) {
+    std::string m = e.what();
+    for (const char* want : {"requested", "live", "cached", "largest free range", "device capacity", "fragmentation"})
+      EXPECT_NE(m.find(want), std::string::npos) << want << " missing from: " << m;
+    EXPECT_EQ(e.requested(), 100 * MiB);
+  }
+  pool.check_invariants();
+  EXPECT_EQ(pool.state().oom_count, 1u);
+  for (int i = 0; i < 6; ++i) pool.deallocate_checked(keep[i], 20 * MiB);
+  void* p = pool.allocate(100 * MiB);  // fits after frees: freed pages are remapped
+  EXPECT_NE(p, nullptr);
+  pool.check_invariants();
+  pool.deallocate_checked(p, 0);
+  for (int i = 6; i < 12; ++i) pool.deallocate_checked(keep[i], 0);
+}
+
+TEST(pool, remaps_free_pages_instead_of_growing) {
+  auto dev = std::make_shared<host_page_device>(64 * GiB);
+  pool_resource pool(dev, nullptr);
+  // A hole pattern that a non-remapping cache could not reuse for a big block.
+  std::vector<void*> v;
+  for (int i = 0; i < 64; ++i) v.push_back(pool.allocate(8 * MiB));
+  for (int i = 0; i < 64; i += 2) pool.deallocate_checked(v[i], 0);
+  std::size_t before = pool.state().reserved_bytes;
+  void* big = pool.allocate(200 * MiB);
+  EXPECT_LE(pool.state().reserved_bytes, before + 8 * MiB) << "grew instead of remapping free pages";
+  EXPECT_GT(pool.counters().pages_remapped, 0u);
+  std::memset(big, 1, 200 * MiB);  // every page of it is really mapped
+  pool.check_invariants();
+  pool.deallocate_checked(big, 0);
+  for (int i = 1; i < 64; i += 2) pool.deallocate_checked(v[i], 0);
+}
+
+TEST(pool, reserve_limit_and_release_threshold) {
+  auto dev = std::make_shared<host_page_device>(4 * GiB);
+  pool_options o;
+  o.release_threshold = 0;
+  pool_resource pool(dev, nullptr, o);
+  void* p = pool.allocate(64 * MiB);
+  pool.deallocate_checked(p, 0);
+  EXPECT_EQ(pool.state().reserved_bytes, 0u) << "release_threshold 0 keeps nothing cached";
+  pool.set_reserve_limit(32 * MiB);
+  EXPECT_THROW(pool.allocate(40 * MiB), out_of_memory);
+  void* q = pool.allocate(30 * MiB);
+  pool.deallocate_checked(q, 0);
+  EXPECT_THROW(pool.set_reserve_limit(8 * GiB), invalid_argument);
+  pool.check_invariants();
+}
+
+TEST(pool, streams_do_not_share_blocks_until_their_work_is_done) {
+  // Events that complete only when told to.
+  struct manual_events : stream_ops {
+    bool complete = false;
+    event_id record(stream_t) override { return 1; }
+    bool done(event_id) override { return complete; }
+    void wait(event_id) override { complete = true; }
+    void release(event_id) noexcept override {}
+    void synchronize_device() override { complete = true; }
+  };
+  auto ev = std::make_shared<manual_events>();
+  auto dev = std::make_shared<host_page_device>(GiB);
+  pool_resource pool(dev, ev);
+  const stream_t a = 0x10, b = 0x20;
+  void* p = pool.allocate(4 * MiB, a);
+  pool.deallocate_checked(p, 0, a);
+  void* same = pool.allocate(4 * MiB, a);
+  EXPECT_EQ(same, p) << "a block freed on a stream is reusable at once on that stream";
+  pool.deallocate_checked(same, 0, a);
+  void* other = pool.allocate(4 * MiB, b);
+  EXPECT_NE(other, p) << "another stream must not reuse it before the event completes";
+  pool.deallocate_checked(other, 0, b);
+  ev->complete = true;
+  pool.check_invariants();
+  // record_stream: a block used on b is held until b's event completes.
+  ev->complete = false;
+  void* r = pool.allocate(2 * MiB, a);
+  pool.record_stream(r, b);
+  pool.deallocate_checked(r, 0, a);
+  EXPECT_EQ(pool.state().pending_free_bytes, 2 * MiB);
+  void* r2 = pool.allocate(2 * MiB, a);
+  EXPECT_NE(r2, r) << "memory still used on another stream was handed out";
+  ev->complete = true;
+  pool.deallocate_checked(r2, 0, a);
+  void* r3 = pool.allocate(1 * MiB, a);  // processes the pending free
+  EXPECT_EQ(pool.state().pending_free_bytes, 0u);
+  pool.deallocate_checked(r3, 0, a);
+  pool.check_invariants();
+}
+
+TEST(pool, eight_threads_stress) {
+  auto dev = std::make_shared<host_page_device>(32 * GiB);
+  auto pool = std::make_shared<pool_resource>(dev, nullptr);
+  statistics_adaptor stats(pool);
+  std::atomic<int> bad{0};
+  std::vector<std::thread> ts;
+  for (int t = 0; t < 8; ++t)
+    ts.emplace_back([&, t] {
+      std::mt19937_64 rng(t);
+      std::vector<std::pair<void*, std::size_t>> mine;
+      for (int i = 0; i < 4000; ++i) {
+        if (mine.size() < 32 && (mine.empty() || rng() % 2)) {
+          std::size_t n = random_size(rng, 256, 16 * MiB);
+          auto* p = static_cast<unsigned char*>(stats.allocate(n, static_cast<stream_t>(t % 3)));
+          p[0] = static_cast<unsigned char>(t);
+          p[n - 1] = static_cast<unsigned char>(t);
+          mine.emplace_back(p, n);
+        } else {
+          std::size_t k = rng() % mine.size();
+          auto [p, n] = mine[k];
+          auto* c = static_cast<unsigned char*>(p);
+          if (c[0] != t || c[n - 1] != t) ++bad;
+          stats.deallocate(p, n, static_cast<stream_t>(t % 3));
+          mine[k] = mine.back();
+          mine.pop_back();
+        }
+      }
+      for (auto [p, n] : mine) stats.deallocate(p, n, static_cast<stream_t>(t % 3));
+    });
+  for (auto& th : ts) th.join();
+  EXPECT_EQ(bad.load(), 0) << "a block was handed to two threads at once";
+  EXPECT_EQ(stats.stats().allocated_bytes.current, 0);
+  pool->check_invariants();
+}
+
+TEST(options, parse_and_validate) {
+  pool_options o;
+  o.parse("alignment:512, growth_slack:0.1,remap:false,release_threshold:1GiB,page_size:2MiB");
+  EXPECT_EQ(o.alignment, 512u);
+  EXPECT_DOUBLE_EQ(o.growth_slack, 0.1);
+  EXPECT_FALSE(o.remap);
+  EXPECT_EQ(o.release_threshold, GiB);
+  pool_options keep = o;
+  EXPECT_THROW(o.parse("alignment:100"), invalid_argument);
+  EXPECT_THROW(o.parse("bogus:1"), invalid_argument);
+  EXPECT_THROW(o.parse("growth_slack:abc"), invalid_argument);
+  EXPECT_THROW(o.parse("release_threshold:12 parsecs"), invalid_argument);
+  EXPECT_THROW(o.parse("alignment"), invalid_argument);
+  EXPECT_EQ(o.alignment, keep.alignment) << "a bad option string changes nothing";
+  EXPECT_EQ(parse_size("1.5GiB"), std::size_t{3} << 29);
+  EXPECT_EQ(parse_size("256MB"), 256000000u);
+  EXPECT_THROW(parse_size("-5"), invalid_argument);
+  EXPECT_THROW(host_page_device(1000), invalid_argument);
+}
+
+TEST(statistics, counts_and_peaks) {
+  auto pool = std::make_shared<pool_resource>(std::make_shared<host_page_device>(GiB), nullptr);
+  statistics_adaptor s(pool);
+  void* a = s.allocate(1000);
+  void* b = s.allocate(3 * MiB);
+  auto st = s.stats();
+  EXPECT_EQ(st.allocated_bytes.current, 1000 + 3 * MiB);
+  EXPECT_EQ(st.allocation_count.current, 2);
+  EXPECT_GE(st.reserved_bytes.current, st.allocated_bytes.current);
+  s.deallocate(b, 3 * MiB);
+  st = s.stats();
+  EXPECT_EQ(st.allocated_bytes.current, 1000);
+  EXPECT_EQ(st.allocated_bytes.peak, 1000 + 3 * MiB);
+  s.reset_peaks();
+  EXPECT_EQ(s.stats().allocated_bytes.peak, 1000);
+  EXPECT_THROW(s.allocate(std::size_t{1} << 40), out_of_memory);
+  EXPECT_EQ(s.stats().num_ooms, 1u);
+  s.deallocate(a, 1000);
+  EXPECT_THROW(s.deallocate_checked(a, 1000), invalid_argument);
+  EXPECT_EQ(s.stats().num_bad_frees, 1u);
+}
+
+}  // namespace

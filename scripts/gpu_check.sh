@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The GPU suite and the side-by-side replay against the anchors, on a machine
+# with an NVIDIA GPU. Usage: bash scripts/gpu_check.sh [OUTDIR]
+#   VRAMKIT_GTEST_SOURCE_DIR  GoogleTest sources when it is not installed
+#   VRAMKIT_TRACE_DIR         *.trace.csv files for the anchors' harness
+#   VRAMKIT_ANCHORS_DIR       the anchors' harness (anchors.py, replay_cuda.cu)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:-build/gpu-check}
+mkdir -p "$out"
+nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+echo "== build (C++ core, tests, replay bench)"
+cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DVRAMKIT_CUDA=ON -DVRAMKIT_KERNELS=OFF \
+  ${VRAMKIT_GTEST_SOURCE_DIR:+-DVRAMKIT_GTEST_SOURCE_DIR=$VRAMKIT_GTEST_SOURCE_DIR} >"$out/cmake.log" 2>&1 || { tail -20 "$out/cmake.log"; exit 1; }
+cmake --build build/gpu -j "$(nproc)" >"$out/build.log" 2>&1 || { grep -E "error" "$out/build.log" | head -20; exit 1; }
+echo "== C++ tests on the GPU (cuda, cuda_async, vmm and the pool over each)"
+./build/gpu/cpp/tests/vramkit_tests 2>&1 | tee "$out/cpp-tests.log" | grep -E "^\[  (PASSED|FAILED|SKIPPED) |FAILED" | head -40
+echo "== compute-sanitizer memcheck (leak check) on the CUDA conformance tests"
+compute-sanitizer --tool memcheck --leak-check full --error-exitcode 9 \
+  ./build/gpu/cpp/tests/vramkit_tests --gtest_filter='*cuda*:*vmm*' >"$out/memcheck.log" 2>&1
+echo "memcheck exit code $? ($(grep -c 'ERROR SUMMARY: 0 errors' "$out/memcheck.log") clean summaries): $(grep 'ERROR SUMMARY' "$out/memcheck.log" | tail -1)"
+if [ -n "${VRAMKIT_TRACE_DIR:-}" ] && [ -n "${VRAMKIT_ANCHORS_DIR:-}" ]; then
+  echo "== anchors and vramkit on the same .ops files, one run"
+  python3 "$VRAMKIT_ANCHORS_DIR/anchors.py" "$VRAMKIT_TRACE_DIR" "$out/anchors" > "$out/anchors.log" 2>&1
+  ./build/gpu/cpp/bench/vramkit_replay_bench --passes 4 --allocator vramkit --allocator "pool:upstream=cuda" \
+    "$out"/anchors/*.ops | sed 's/^/RESULT /' | tee -a "$out/anchors.log"
+  python3 "$VRAMKIT_ANCHORS_DIR/table.py" "$out/anchors.log"
+fi
