@@ -3,6 +3,7 @@
 // Python module uses (both link the one shared core library).
 #include <cstddef>
 #include <cstdio>
+#include <stdexcept>
 
 #include "vramkit/runtime.hpp"
 
@@ -11,12 +12,10 @@ extern "C" {
 __attribute__((visibility("default"))) void* vramkit_torch_alloc(std::size_t size, int device, void* stream) {
   try {
     return vramkit::current_resource(device)->allocate(size, reinterpret_cast<vramkit::stream_t>(stream));
-  } catch (const vramkit::out_of_memory& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    return nullptr;  // PyTorch turns a null into torch.OutOfMemoryError
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "vramkit_torch_alloc: %s\n", e.what());
-    return nullptr;
+    // PyTorch does not check the returned pointer: a null would become a tensor
+    // at address 0. Throwing reaches Python as a RuntimeError with this message.
+    throw std::runtime_error(e.what());
   }
 }
 
