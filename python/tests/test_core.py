@@ -1,0 +1,139 @@
+"""The Python API of the core on the host backend: every call and every error it documents."""
+import subprocess
+import sys
+
+import pytest
+
+import vramkit
+from vramkit import _vramkit
+
+
+def test_alloc_stats_and_free():
+    base = vramkit.memory_allocated()
+    b = vramkit.alloc(3 << 20)
+    assert b.nbytes == 3 << 20 and b.ptr % 256 == 0 and not b.freed
+    assert vramkit.memory_allocated() == base + (3 << 20)
+    assert vramkit.memory_reserved() >= vramkit.memory_allocated()
+    assert vramkit.max_memory_allocated() >= base + (3 << 20)
+    b.free()
+    assert b.freed and vramkit.memory_allocated() == base
+    vramkit.reset_peak_memory_stats()
+    assert vramkit.max_memory_allocated() == base
+    info = vramkit.get_memory_info()
+    assert set(info) == {"current", "peak"}
+
+
+def test_context_manager_views_and_use_after_free():
+    with vramkit.alloc(4096) as b:
+        v = b[100:200]
+        assert v.nbytes == 100 and v.ptr == b.ptr + 100 and v.is_view
+        with pytest.raises(ValueError, match="view"):
+            b.free()
+        del v
+        b.copy_from_host(b"abc", 10)
+        assert b.copy_to_host()[10:13] == b"abc"
+    with pytest.raises(ValueError, match="freed"):
+        b.ptr
+    with pytest.raises(ValueError, match="already freed"):
+        b.free()
+
+
+def test_bad_sizes_devices_and_options():
+    with pytest.raises(ValueError, match="negative"):
+        vramkit.alloc(-1)
+    with pytest.raises(ValueError):
+        vramkit.alloc(1.5)
+    with pytest.raises(vramkit.OutOfMemoryError) as e:
+        vramkit.alloc(1 << 50)
+    assert isinstance(e.value, MemoryError) and "requested" in str(e.value)
+    with pytest.raises(ValueError, match="unknown device"):
+        vramkit.alloc(16, device=7)
+    with pytest.raises(ValueError):
+        vramkit.make_resource("pool:alignment:100")
+    with pytest.raises(ValueError, match="unknown allocator"):
+        vramkit.make_resource("bogus")
+    with pytest.raises(ValueError):
+        vramkit.set_per_process_memory_fraction(1.5)
+    b = vramkit.alloc(0)
+    assert b.ptr == 0 and b.nbytes == 0
+    b.free()
+
+
+def test_resource_double_free_and_foreign_pointer_change_nothing():
+    r = vramkit.make_resource("vramkit")
+    p = r.allocate(1000)
+    r.deallocate(p, 1000)
+    before = r.state()
+    with pytest.raises(ValueError, match="double free"):
+        r.deallocate(p, 1000)
+    with pytest.raises(ValueError):
+        r.deallocate(12345, 0)
+    q = r.allocate(5000)
+    with pytest.raises(ValueError, match="size"):
+        r.deallocate(q, 1 << 30)
+    r.deallocate(q, 5000)
+    assert r.state()["reserved_bytes"] == before["reserved_bytes"]
+    r.check_invariants()
+
+
+def test_summary_stats_info_and_empty_cache():
+    b = vramkit.alloc(1 << 20)
+    s = vramkit.memory_stats()
+    for k in ("allocated_bytes.all.current", "reserved_bytes.all.peak", "active_bytes.all.current",
+              "num_ooms", "fragmentation", "largest_free_bytes"):
+        assert k in s
+    text = vramkit.memory_summary()
+    assert "Allocated memory" in text and "Reserved memory" in text
+    d = vramkit.device_info()
+    assert d["simulated"] and d["l2_cache_bytes"] > 0 and d["theoretical_bandwidth_bytes_per_s"] > 0
+    free, total = vramkit.mem_get_info()
+    assert 0 < free <= total
+    b.free()
+    vramkit.empty_cache()
+    assert vramkit.memory_reserved() == vramkit.memory_allocated()
+
+
+def test_per_process_fraction_and_current_resource():
+    r = _vramkit.statistics_adaptor(_vramkit.host_pool())  # the device's capacity
+    old = vramkit.get_current_resource()
+    vramkit.set_current_resource(r)
+    try:
+        total = vramkit.mem_get_info()[1]
+        vramkit.set_per_process_memory_fraction(0.001)  # ~82 MiB of 80 GiB
+        with pytest.raises(vramkit.OutOfMemoryError):
+            vramkit.alloc(int(total * 0.0012))
+        vramkit.alloc(int(total * 0.0005)).free()
+    finally:
+        vramkit.set_current_resource(old)
+    with pytest.raises(ValueError):
+        vramkit.set_current_resource("not a resource")
+
+
+def test_cli_info_and_bad_trace(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "vramkit", "info"], capture_output=True, text=True)
+    assert out.returncode == 0 and "backend: host" in out.stdout
+    bad = tmp_path / "empty.csv"
+    bad.write_text("")
+    out = subprocess.run([sys.executable, "-m", "vramkit", "replay", str(bad)], capture_output=True, text=True)
+    assert out.returncode == 1 and "error" in out.stderr and "Traceback" not in out.stderr
+    html = tmp_path / "r.html"
+    out = subprocess.run([sys.executable, "-m", "vramkit", "report", str(bad), "-o", str(html)],
+                         capture_output=True, text=True)
+    assert out.returncode == 1 and not html.exists()
+    out = subprocess.run([sys.executable, "-m", "vramkit", "replay", "--capacity", "1KiB"],
+                         capture_output=True, text=True)
+    assert out.returncode == 1 and "impossible" in out.stderr
+
+
+def test_cli_replay_json_on_default_trace():
+    import json
+    out = subprocess.run([sys.executable, "-m", "vramkit", "replay", "--json", "--passes", "2"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    rows = json.loads(out.stdout)
+    assert rows[0]["allocator"].startswith("vramkit")
+    for k in ("trace", "ops", "peak_live_bytes", "peak_reserved_bytes", "fragmentation", "cold_ns_per_op",
+              "warm_ns_per_op", "ooms"):
+        assert k in rows[0]
+    assert rows[0]["peak_live_bytes"] == 755556864
+    assert rows[0]["fragmentation"] <= 1.05
