@@ -14,3 +14,4 @@ nb::dict stats_dict(const statistics& s);
 }  // namespace vramkit::py
 
 void bind_buffer(nanobind::module_& m);
+void bind_monitor(nanobind::module_& m);

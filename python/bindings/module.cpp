@@ -344,4 +344,5 @@ NB_MODULE(_vramkit, m) {
   });
 
   bind_buffer(m);
+  bind_monitor(m);
 }

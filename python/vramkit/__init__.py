@@ -13,10 +13,16 @@ simulated device in host memory (the ``host`` backend).
 """
 from __future__ import annotations
 
+import atexit
+
 from . import _vramkit
 from ._vramkit import DeviceBuffer, Resource, OutOfMemoryError, format_bytes, parse_size
 
 __version__ = "0.1.0"
+
+# The per-device current resources live in C++ globals and may hold Python-made
+# resources; drop them before the interpreter tears the module down.
+atexit.register(_vramkit.reset_runtime)
 
 __all__ = [
     "DeviceBuffer", "Resource", "OutOfMemoryError", "alloc", "memory_allocated", "memory_reserved",
