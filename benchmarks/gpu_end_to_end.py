@@ -86,7 +86,9 @@ def child(model_name: str, alloc: str, warmup: int, steps: int, seq: int) -> dic
     import torch
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
-    torch.backends.cudnn.benchmark = True
+    # cuDNN benchmark mode asks the allocator for cacheInfo, which PyTorch's pluggable
+    # allocators cannot answer: off for both allocators so the comparison is fair.
+    torch.backends.cudnn.benchmark = False
     torch.manual_seed(0)
     res = {"model": model_name, "allocator": alloc, "torch": torch.__version__,
            "device": torch.cuda.get_device_name(0), "warmup": warmup, "steps": steps}

@@ -1,6 +1,6 @@
 #include <atomic>
 #include <cstdio>
-#include <sstream>
+#include <string>
 
 #include "vramkit/error.hpp"
 #include "vramkit/resource.hpp"
@@ -15,14 +15,14 @@ std::string format_bytes(std::size_t bytes) {
     v /= 1024.0;
     ++u;
   }
-  std::ostringstream s;
-  if (u == 0) {
-    s << bytes << " B";
-  } else {
-    s.precision(2);
-    s << std::fixed << v << ' ' << units[u] << " (" << bytes << " bytes)";
-  }
-  return s.str();
+  if (u == 0) return std::to_string(bytes) + " B";
+  return format_fixed(v, 2) + ' ' + units[u] + " (" + std::to_string(bytes) + " bytes)";
+}
+
+std::string format_fixed(double v, int precision) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", precision, v);
+  return buf;
 }
 
 const char* to_string(free_status s) noexcept {
@@ -58,9 +58,10 @@ void device_resource::deallocate(void* ptr, std::size_t bytes, stream_t stream) 
 void device_resource::deallocate_checked(void* ptr, std::size_t bytes, stream_t stream) {
   free_status s = try_deallocate(ptr, bytes, stream);
   if (s != free_status::ok) {
-    std::ostringstream m;
-    m << "vramkit: cannot free " << ptr << " (" << bytes << " bytes) on " << name() << ": " << to_string(s);
-    throw invalid_argument(m.str());
+    char p[32];
+    std::snprintf(p, sizeof p, "%p", ptr);
+    throw invalid_argument(std::string("vramkit: cannot free ") + p + " (" + std::to_string(bytes) + " bytes) on " +
+                           name() + ": " + to_string(s));
   }
 }
 

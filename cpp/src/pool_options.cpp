@@ -3,7 +3,7 @@
 #include <cctype>
 #include <cmath>
 #include <cstdlib>
-#include <sstream>
+#include <vector>
 
 #include "vramkit/error.hpp"
 
@@ -66,9 +66,14 @@ void pool_options::validate() const {
 
 void pool_options::parse(const std::string& conf) {
   pool_options o = *this;
-  std::stringstream ss(conf);
-  std::string item;
-  while (std::getline(ss, item, ',')) {
+  std::vector<std::string> items;
+  for (std::size_t start = 0;;) {
+    std::size_t comma = conf.find(',', start);
+    items.push_back(conf.substr(start, comma == std::string::npos ? std::string::npos : comma - start));
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  for (const std::string& item : items) {
     if (item.find_first_not_of(" \t") == std::string::npos) continue;
     auto colon = item.find(':');
     if (colon == std::string::npos)
@@ -113,14 +118,15 @@ pool_options pool_options::from_env() {
 }
 
 std::string pool_options::to_string() const {
-  std::ostringstream s;
-  s << "alignment:" << alignment << ",page_size:" << page_size << ",small_threshold:" << small_threshold
-    << ",small_segment:" << small_segment << ",large_rounding:" << large_rounding
-    << ",reserve_limit:" << reserve_limit << ",release_threshold:";
-  if (release_threshold == static_cast<std::size_t>(-1)) s << "max";
-  else s << release_threshold;
-  s << ",growth_slack:" << growth_slack << ",remap:" << (remap ? "true" : "false") << ",va_factor:" << va_factor;
-  return s.str();
+  using std::to_string;
+  std::string s = "alignment:" + to_string(alignment) + ",page_size:" + to_string(page_size) +
+                  ",small_threshold:" + to_string(small_threshold) + ",small_segment:" + to_string(small_segment) +
+                  ",large_rounding:" + to_string(large_rounding) + ",reserve_limit:" + to_string(reserve_limit) +
+                  ",release_threshold:";
+  s += release_threshold == static_cast<std::size_t>(-1) ? std::string("max") : to_string(release_threshold);
+  s += ",growth_slack:" + format_fixed(growth_slack, 4) + ",remap:" + (remap ? "true" : "false") +
+       ",va_factor:" + format_fixed(va_factor, 2);
+  return s;
 }
 
 }  // namespace vramkit

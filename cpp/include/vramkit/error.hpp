@@ -38,5 +38,8 @@ class out_of_memory : public error {
 
 // "12.5 MiB (13107200 bytes)": the form every message uses for sizes.
 std::string format_bytes(std::size_t bytes);
+// printf-style fixed-point ("%.*f"): vramkit avoids iostreams, whose locale
+// state another library in the process (PyTorch's) can leave unusable.
+std::string format_fixed(double v, int precision);
 
 }  // namespace vramkit

@@ -3,7 +3,6 @@
 #include <algorithm>
 #include <bit>
 #include <cstring>
-#include <sstream>
 
 #include "../detail/flat_map.hpp"
 #include "../detail/free_index.hpp"
@@ -632,15 +631,13 @@ struct pool_resource::impl {
     for (auto& s : slots) largest = std::max({largest, s.backed[0].largest(), s.backed[1].largest()});
     std::size_t cached = reserved > live_bytes ? reserved - live_bytes : 0;
     double frag = live_bytes ? static_cast<double>(reserved) / static_cast<double>(live_bytes) : 0.0;
-    std::ostringstream m;
-    m << "vramkit: out of memory on device " << dev << " (" << (upstream ? upstream->name() : pages->name())
-      << "): " << why << (why[0] ? "limit; " : "") << "requested " << format_bytes(bytes) << "; live "
-      << format_bytes(live_bytes) << ", cached " << format_bytes(cached) << ", reserved "
-      << format_bytes(reserved) << ", largest free range " << format_bytes(largest) << ", limit "
-      << format_bytes(limit) << ", device capacity " << format_bytes(capacity) << ", fragmentation ";
-    m.precision(3);
-    m << std::fixed << frag << " (reserved/live)";
-    throw out_of_memory(m.str(), bytes);
+    std::string m = "vramkit: out of memory on device " + std::to_string(dev) + " (" +
+                    (upstream ? upstream->name() : pages->name()) + "): " + why + (why[0] ? "limit; " : "") +
+                    "requested " + format_bytes(bytes) + "; live " + format_bytes(live_bytes) + ", cached " +
+                    format_bytes(cached) + ", reserved " + format_bytes(reserved) + ", largest free range " +
+                    format_bytes(largest) + ", limit " + format_bytes(limit) + ", device capacity " +
+                    format_bytes(capacity) + ", fragmentation " + format_fixed(frag, 3) + " (reserved/live)";
+    throw out_of_memory(m, bytes);
   }
 
   free_status deallocate(void* ptr, std::size_t bytes, stream_t stream) {

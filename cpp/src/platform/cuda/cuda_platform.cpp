@@ -5,7 +5,6 @@
 #include <cuda_runtime.h>
 
 #include <mutex>
-#include <sstream>
 #include <unordered_map>
 #include <vector>
 #include <algorithm>
@@ -18,9 +17,9 @@ namespace {
 
 [[noreturn]] void fail(cudaError_t e, const char* what) {
   cudaGetLastError();  // clear a sticky-free error so the next call starts clean
-  std::ostringstream m;
-  m << "vramkit: " << what << " failed: " << cudaGetErrorName(e) << " (" << cudaGetErrorString(e) << ")";
-  throw cuda_error(m.str(), static_cast<int>(e));
+  throw cuda_error(std::string("vramkit: ") + what + " failed: " + cudaGetErrorName(e) + " (" +
+                       cudaGetErrorString(e) + ")",
+                   static_cast<int>(e));
 }
 
 #define VK_CUDA(call)                       \
@@ -234,10 +233,10 @@ class live_table {
   std::size_t fr = 0, tot = 0;
   cudaMemGetInfo(&fr, &tot);
   cudaGetLastError();
-  std::ostringstream m;
-  m << "vramkit: out of memory on device " << device << " (" << who << "): requested " << format_bytes(bytes)
-    << "; device free " << format_bytes(fr) << " of " << format_bytes(tot);
-  throw out_of_memory(m.str(), bytes);
+  throw out_of_memory("vramkit: out of memory on device " + std::to_string(device) + " (" + who +
+                          "): requested " + format_bytes(bytes) + "; device free " + format_bytes(fr) + " of " +
+                          format_bytes(tot),
+                      bytes);
 }
 
 class cuda_malloc_resource final : public device_resource {
