@@ -250,7 +250,7 @@ struct pool_resource::impl {
     if (reserved + page > limit) return false;
     if (!opt.remap) return true;
     return static_cast<double>(reserved + page) <=
-           (1.0 + opt.growth_slack) * static_cast<double>(need_live);
+           (1.0 + opt.growth_slack) * static_cast<double>(std::max(need_live, peak_live));
   }
 
   page_handle create_page() {
