@@ -5,6 +5,7 @@
 #include <mutex>
 
 #include "vramkit/mr/page_resource.hpp"
+#include "vramkit/mr/tracking_adaptor.hpp"
 #include "vramkit/platform/cuda.hpp"
 #include "vramkit/platform/host_page_device.hpp"
 
@@ -129,6 +130,7 @@ pool_resource* find_pool(device_resource* r) {
   if (!r) return nullptr;
   if (auto* p = dynamic_cast<pool_resource*>(r)) return p;
   if (auto* s = dynamic_cast<statistics_adaptor*>(r)) return find_pool(s->upstream().get());
+  if (auto* t = dynamic_cast<tracking_adaptor*>(r)) return find_pool(t->upstream().get());
   return nullptr;
 }
 

@@ -24,12 +24,18 @@ __version__ = "0.1.0"
 # resources; drop them before the interpreter tears the module down.
 atexit.register(_vramkit.reset_runtime)
 
+import os as _os  # noqa: E402
+
+if _os.environ.get("VRAMKIT_LEAK_REPORT", "").strip() not in ("", "0"):
+    from .leaks import install_from_env as _install_leaks
+    _install_leaks()
+
 __all__ = [
     "DeviceBuffer", "Resource", "OutOfMemoryError", "alloc", "memory_allocated", "memory_reserved",
     "max_memory_allocated", "max_memory_reserved", "reset_peak_memory_stats", "memory_stats",
     "memory_summary", "empty_cache", "mem_get_info", "set_per_process_memory_fraction",
     "get_memory_info", "device_info", "set_current_resource", "get_current_resource", "make_resource",
-    "backend", "device_count", "info", "format_bytes", "parse_size",
+    "backend", "device_count", "info", "format_bytes", "parse_size", "LeakError",
 ]
 
 
@@ -188,6 +194,8 @@ def info() -> str:
 def __getattr__(name):
     # Framework integrations and tools load lazily: importing vramkit never imports a framework.
     import importlib
+    if name in ("LeakError", "GuardError"):
+        return getattr(importlib.import_module("vramkit.leaks"), name)
     if name in ("torch", "cupy", "numba", "trace", "report", "leaks", "monitor", "cli"):
         return importlib.import_module(f"vramkit.{name}")
     raise AttributeError(f"module 'vramkit' has no attribute {name!r}")
