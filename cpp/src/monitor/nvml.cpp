@@ -519,11 +519,14 @@ struct json {
   std::optional<std::uint64_t> integer;  // exact value of a non-negative integer literal
   std::string str;
   std::vector<json> items;
-  std::vector<std::pair<std::string, json>> members;
+  // Object members as two parallel lists: a pair<string, json> would need json
+  // complete here, which libstdc++ checks under clang.
+  std::vector<std::string> keys;
+  std::vector<json> values;
 
   const json* get(std::string_view key) const {
-    for (auto& [k, v] : members)
-      if (k == key) return &v;
+    for (std::size_t i = 0; i < keys.size(); ++i)
+      if (keys[i] == key) return &values[i];
     return nullptr;
   }
 };
@@ -580,7 +583,9 @@ class json_parser {
         if (i_ >= t_.size() || t_[i_] != '"') fail("expected a member name");
         std::string k = string_body();
         expect(':');
-        v.members.emplace_back(std::move(k), value(depth + 1));
+        json member = value(depth + 1);
+        v.keys.push_back(std::move(k));
+        v.values.push_back(std::move(member));
       } while (eat(','));
       expect('}');
     } else if (c == '[') {
