@@ -5,5 +5,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-python3 -m vramkit info | head -3
+python3 -m vramkit info
 python3 -m vramkit report "$@" -o vramkit-report.html
