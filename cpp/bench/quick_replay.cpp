@@ -32,7 +32,7 @@ int main(int argc, char** argv) {
       else { live -= pool.allocation_size(ptr[t.id]); pool.deallocate(ptr[t.id], 0, t.stream); }
       if (std::getenv("VKCHECK")) pool.check_invariants();
       auto s = pool.state();
-      if (s.reserved_bytes > peak + (64u << 20)) {
+      if (s.reserved_bytes > peak + (std::getenv("VKSTEP") ? std::strtoull(std::getenv("VKSTEP"), nullptr, 10) : (64ull << 20))) {
         peak = s.reserved_bytes;
         auto u = pool.usage();
         std::printf("reserved %zu MiB live %zu MiB | large mapped %zu liveov %zu freeint %zu | small mapped %zu liveov %zu freeint %zu | spare %zu\n",
