@@ -42,7 +42,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   vramkit::replay_options ro;
-  ro.passes = 4;
+  ro.passes = std::getenv("VKPASSES") ? std::atoi(std::getenv("VKPASSES")) : 4;
   auto r = vramkit::replay(ops, pool, ro);
   auto c = pool.counters();
   std::printf("ops %zu peak_live %zu peak_reserved %zu frag %.4f cold %.1f warm %.1f ooms %zu created %zu remapped %zu mapcalls %zu\n",
