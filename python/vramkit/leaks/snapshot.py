@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import pickle
-import tempfile
 import time
 
 from .. import _vramkit
@@ -109,21 +108,5 @@ def dump_snapshot(path, device=None) -> str:
     """Write :func:`snapshot` to ``path`` as a pickle (protocol 4, which MemoryViz reads), atomically.
 
     Returns the path written."""
-    data = pickle.dumps(snapshot(device), protocol=4)
-    path = os.fspath(path)
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=".vramkit-snapshot-", dir=folder)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return path
+    from .._atomic import write_atomic
+    return write_atomic(path, pickle.dumps(snapshot(device), protocol=4))

@@ -11,7 +11,6 @@ import json
 import math
 import os
 import re
-import tempfile
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
@@ -732,22 +731,5 @@ def render_report(path_out: str | os.PathLike[str], trace: Trace, results: Seque
         The path written.
     """
     page = build_report_html(trace, results, timelines, peak_state, title, extra_sections)
-    path = os.fspath(path_out)
-    folder = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp", dir=folder)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(page)
-            f.flush()
-            os.fsync(f.fileno())
-        mask = os.umask(0o022)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-    return path
+    from .._atomic import write_atomic
+    return write_atomic(path_out, page)
