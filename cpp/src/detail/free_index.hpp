@@ -129,6 +129,18 @@ class free_index {
     return heads_[f * sl_count + static_cast<unsigned>(std::countr_zero(static_cast<unsigned>(sl_map_[f])))];
   }
 
+  // The tightest fit in size's own bin, looking at every block there (for
+  // when find() came back empty: before the pool maps a new page).
+  block* find_in_bin(std::size_t size) const noexcept {
+    block* best = nullptr;
+    for (block* b = heads_[bin_of(size)]; b; b = b->fnext)
+      if (b->size >= size && (!best || b->size < best->size)) {
+        best = b;
+        if (b->size == size) break;
+      }
+    return best;
+  }
+
   // Size of the largest block (scans the top bin).
   std::size_t largest() const noexcept {
     if (!fl_map_) return 0;

@@ -245,6 +245,14 @@ struct pool_resource::impl {
     return nullptr;
   }
 
+  block* find_fit_exhaustive(std::size_t size, bool small, std::uint32_t slot) {
+    const std::uint32_t order[2] = {slot, 0};
+    const int n = slot == 0 ? 1 : 2;
+    for (int i = 0; i < n; ++i)
+      if (block* b = slots[order[i]].backed[small].find_in_bin(size)) return b;
+    return nullptr;
+  }
+
   // ---- physical pages ----------------------------------------------------
   bool may_grow(std::size_t need_live) const {
     if (reserved + page > limit) return false;
@@ -272,6 +280,17 @@ struct pool_resource::impl {
     auto& s = slots[slot];
     block* b = s.steal_head;
     if (!b || want == 0) return 0;
+    // From the free block with the fewest mapped pages inside (the oldest of
+    // equals): small scattered pieces go first, long mapped runs stay whole
+    // for the large blocks that need them.
+    std::size_t least = interior_pages(b) - b->unmapped;
+    for (block* c = b->snext; c && least > 1; c = c->snext) {
+      std::size_t m = interior_pages(c) - c->unmapped;
+      if (m < least) {
+        least = m;
+        b = c;
+      }
+    }
     detail::arena* a = b->ar;
     std::size_t lo = round_up(b->addr - a->base, page) / page;
     std::size_t hi = (b->addr + b->size - a->base) / page;
@@ -560,11 +579,97 @@ struct pool_resource::impl {
     throw_oom(bytes, "");
   }
 
+  // Unmapped pages lying wholly inside [addr, addr+size) of arena a.
+  std::size_t unmapped_inside(const detail::arena* a, std::uintptr_t addr, std::size_t size) const {
+    std::size_t lo = round_up(addr - a->base, page) / page;
+    std::size_t hi = (addr + size - a->base) / page;
+    std::size_t n = 0;
+    for (std::size_t p = lo; p < hi; ++p) n += !a->mapped(p);
+    return n;
+  }
+
+  // The highest mapped page in [lo, hi], or lo when none is (a word at a time).
+  static std::size_t last_mapped_page(const detail::arena* a, std::size_t lo, std::size_t hi) {
+    std::size_t p = hi + 1;
+    while (p > lo) {
+      std::size_t w = (p - 1) >> 6;
+      std::uint64_t bits = a->mapped_bits[w];
+      std::size_t top = (p - 1) & 63;
+      bits &= top == 63 ? ~std::uint64_t{0} : ((std::uint64_t{1} << (top + 1)) - 1);
+      if (bits) {
+        std::size_t q = (w << 6) + 63 - static_cast<std::size_t>(std::countl_zero(bits));
+        return q >= lo ? q : lo;
+      }
+      p = w << 6;
+    }
+    return lo;
+  }
+
+  // The free block with unmapped pages, and the place inside it, where a block
+  // of `size` needs the fewest new pages (a rare path: every hollow candidate
+  // of the two slots is looked at).
+  block* best_hollow(std::size_t size, bool small, std::uint32_t slot, std::uintptr_t& at) {
+    block* best = nullptr;
+    std::size_t best_cost = ~std::size_t{0};
+    const std::uint32_t order[2] = {slot, 0};
+    const int n = slot == 0 ? 1 : 2;
+    for (int i = 0; i < n; ++i) {
+      slots[order[i]].hollow[small].for_each([&](block* b) {
+        if (b->size < size || best_cost == 0) return;
+        const detail::arena* a = b->ar;
+        auto pages_of = [&](std::uintptr_t x, std::size_t& p0, std::size_t& p1) {
+          p0 = (x - a->base) / page;
+          p1 = (x + size - 1 - a->base) / page;
+        };
+        auto consider = [&](std::uintptr_t x, std::size_t cost) {
+          if (cost < best_cost || (cost == best_cost && best && b->size < best->size)) {
+            best = b;
+            best_cost = cost;
+            at = x;
+          }
+        };
+        // At the block's start.
+        std::size_t p0, p1;
+        pages_of(b->addr, p0, p1);
+        std::size_t c = 0;
+        for (std::size_t p = p0; p <= p1; ++p) c += !a->mapped(p);
+        consider(b->addr, c);
+        // At each page boundary inside, sliding the window one page at a time,
+        // up to the last mapped page (past it every place costs the whole window).
+        std::uintptr_t last_start = b->addr + b->size - size;
+        std::uintptr_t x = (b->addr - a->base + page - 1) / page * page + a->base;
+        if (x == b->addr) x += page;
+        if (x > last_start) return;
+        std::size_t hi_page = (b->addr + b->size - 1 - a->base) / page;
+        std::size_t last_mapped = last_mapped_page(a, p0, hi_page);
+        pages_of(x, p0, p1);
+        c = 0;
+        for (std::size_t p = p0; p <= p1; ++p) c += !a->mapped(p);
+        while (true) {
+          consider(x, c);
+          if (best_cost == 0 || x + page > last_start || p0 > last_mapped) break;
+          c -= !a->mapped(p0);
+          x += page;
+          std::size_t q0, q1;
+          pages_of(x, q0, q1);
+          for (std::size_t p = p1 + 1; p <= q1; ++p) c += !a->mapped(p);
+          p0 = q0;
+          p1 = q1;
+        }
+      });
+    }
+    return best;
+  }
+
   block* try_place(std::size_t size, bool small, std::uint32_t slot, stream_t stream) {
     block* b = find_fit(size, small, slot, false);
     // Before taking fresh pages, let other streams' finished frees serve.
     if (!b && slots.size() > 2 && reclaim_streams(false)) b = find_fit(size, small, slot, false);
-    if (!b) b = find_fit(size, small, slot, true);
+    // Every block of the request's own bin, before mapping anything new.
+    if (!b) b = find_fit_exhaustive(size, small, slot);
+    // Hollow space: where the fewest pages must be mapped.
+    std::uintptr_t at = 0;
+    if (!b) b = upstream ? find_fit(size, small, slot, true) : best_hollow(size, small, slot, at);
     if (!b && upstream) {
       if (!grow_segment(size, small, stream)) return nullptr;
       b = find_fit(size, small, slot, false);
@@ -572,9 +677,26 @@ struct pool_resource::impl {
     if (!b) return nullptr;
     std::uint32_t from = b->slot;
     remove_free(b);
+    detail::arena* a = b->ar;
+    if (at > b->addr) {
+      // Placed inside the free block: the part before it stays free.
+      block* l = blocks.make();
+      l->addr = b->addr;
+      l->size = at - b->addr;
+      l->ar = a;
+      l->prev = b->prev;
+      l->next = b;
+      if (b->prev) b->prev->next = l; else a->first = l;
+      b->prev = l;
+      l->seq = b->seq;
+      l->unmapped = unmapped_inside(a, l->addr, l->size);
+      b->unmapped -= l->unmapped;
+      b->size -= l->size;
+      b->addr = at;
+      insert_free(l, from);
+    }
     // Not free while being placed: a merge triggered below must not absorb it.
     b->state = block::live_state;
-    detail::arena* a = b->ar;
     std::size_t un_l = 0;  // unmapped pages under the part handed out
     if (a->paged) {
       std::size_t p0 = (b->addr - a->base) / page, p1 = (b->addr + size - 1 - a->base) / page;
