@@ -272,6 +272,48 @@ TEST(pool, streams_do_not_share_blocks_until_their_work_is_done) {
   pool.check_invariants();
 }
 
+// A stream whose work never finishes unless someone waits for it (a GPU far
+// behind the host): with wait_to_remap the pool waits and remaps the pages
+// that stream freed; without it, it grows.
+TEST(pool, wait_to_remap_waits_for_the_stream_instead_of_growing) {
+  struct lagging_stream : stream_ops {
+    bool complete = false;
+    int waits = 0;
+    event_id record(stream_t) override { return 1; }
+    bool done(event_id) override { return complete; }
+    void wait(event_id) override { complete = true; ++waits; }
+    void release(event_id) noexcept override {}
+    void synchronize_device() override { complete = true; }
+  };
+  for (bool wait : {false, true}) {
+    auto ev = std::make_shared<lagging_stream>();
+    auto dev = std::make_shared<host_page_device>(64 * GiB);
+    pool_options o;
+    o.wait_to_remap = wait;
+    pool_resource pool(dev, ev, o);
+    const stream_t s = 0x10;
+    std::vector<void*> v;
+    for (int i = 0; i < 32; ++i) v.push_back(pool.allocate(8 * MiB, s));
+    for (int i = 0; i < 32; i += 2) pool.deallocate_checked(v[i], 0, s);  // 128 MiB in 8 MiB holes
+    std::size_t before = pool.state().reserved_bytes;
+    void* big = pool.allocate(120 * MiB, s);  // fits no hole
+    std::size_t grown = pool.state().reserved_bytes - before;
+    if (wait) {
+      EXPECT_GE(ev->waits, 1);
+      EXPECT_LE(grown, 10 * MiB) << "waited, yet grew by " << grown;
+      EXPECT_GT(pool.counters().pages_remapped, 0u);
+    } else {
+      EXPECT_EQ(ev->waits, 0) << "waited for the stream without wait_to_remap";
+      EXPECT_GE(grown, 100 * MiB) << "remapped pages of a stream whose work is not known complete";
+    }
+    pool.check_invariants();
+    ev->complete = true;
+    pool.deallocate_checked(big, 0, s);
+    for (int i = 1; i < 32; i += 2) pool.deallocate_checked(v[i], 0, s);
+    pool.check_invariants();
+  }
+}
+
 TEST(pool, eight_threads_stress) {
   auto dev = std::make_shared<host_page_device>(32 * GiB);
   auto pool = std::make_shared<pool_resource>(dev, nullptr);
@@ -309,10 +351,11 @@ TEST(pool, eight_threads_stress) {
 
 TEST(options, parse_and_validate) {
   pool_options o;
-  o.parse("alignment:512, growth_slack:0.1,remap:false,release_threshold:1GiB,page_size:2MiB");
+  o.parse("alignment:512, growth_slack:0.1,remap:false,release_threshold:1GiB,page_size:2MiB,wait_to_remap:true");
   EXPECT_EQ(o.alignment, 512u);
   EXPECT_DOUBLE_EQ(o.growth_slack, 0.1);
   EXPECT_FALSE(o.remap);
+  EXPECT_TRUE(o.wait_to_remap);
   EXPECT_EQ(o.release_threshold, GiB);
   pool_options keep = o;
   EXPECT_THROW(o.parse("alignment:100"), invalid_argument);

@@ -29,6 +29,10 @@ struct pool_options {
   double growth_slack = 0.02;
   // Remap free pages (page-granular upstreams only). Off: the pool only grows.
   bool remap = true;
+  // Before growing past the slack, wait for the requesting stream's queued
+  // work so that pages it freed can be remapped (trades a short stall of the
+  // host for less reserved memory when the GPU runs behind it).
+  bool wait_to_remap = false;
   // Virtual address space reserved per arena, as a multiple of the capacity.
   double va_factor = 2.0;
 

@@ -365,6 +365,13 @@ struct pool_resource::impl {
           if (reclaim_streams(false)) continue;
         }
       }
+      if (opt.remap && opt.wait_to_remap && slot != 0 && slots[slot].steal_head) {
+        if (!waited) {
+          streams->wait_for_stream(slots[slot].stream);
+          waited = true;
+        }
+        if (steal(slot, n - out.size(), out)) continue;
+      }
       if (reserved + page <= limit) {
         if (page_handle h = create_page()) {
           out.push_back(h);

@@ -1,0 +1,78 @@
+// What the page device's calls cost: create, map (one page, or a run of
+// pages in one call), unmap (one page, or a run), destroy. On the GPU these
+// are cuMemCreate / cuMemMap + cuMemSetAccess / cuMemUnmap / cuMemRelease, and
+// they set the price of every page the pool remaps.
+//
+//   page_cost [--device host|vmm] [--pages N] [--repeat R]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "vramkit/platform/cuda.hpp"
+#include "vramkit/platform/host_page_device.hpp"
+
+using clk = std::chrono::steady_clock;
+
+static double us_since(clk::time_point t0, std::size_t n) {
+  return std::chrono::duration<double, std::micro>(clk::now() - t0).count() / static_cast<double>(n);
+}
+
+int main(int argc, char** argv) {
+  std::string kind = "host";
+  std::size_t n = 256, repeat = 5;
+  for (int i = 1; i < argc; ++i) {
+    std::string a = argv[i];
+    if (a == "--device" && i + 1 < argc) kind = argv[++i];
+    else if (a == "--pages" && i + 1 < argc) n = std::strtoull(argv[++i], nullptr, 10);
+    else if (a == "--repeat" && i + 1 < argc) repeat = std::strtoull(argv[++i], nullptr, 10);
+    else {
+      std::fprintf(stderr, "usage: page_cost [--device host|vmm] [--pages N] [--repeat R]\n");
+      return 2;
+    }
+  }
+  std::shared_ptr<vramkit::page_device> dev;
+  try {
+    dev = kind == "vmm" ? vramkit::cuda::make_vmm_device(0) : std::make_shared<vramkit::host_page_device>();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "page_cost: %s\n", e.what());
+    return 1;
+  }
+  const std::size_t g = dev->granularity();
+  std::uintptr_t va = dev->reserve(n * g);
+  std::vector<vramkit::page_handle> h(n);
+  std::printf("device %s, page %zu KiB, %zu pages, best of %zu (us per page)\n", dev->name().c_str(), g >> 10, n,
+              repeat);
+  double best[6];
+  std::fill(best, best + 6, 1e300);
+  for (std::size_t r = 0; r < repeat; ++r) {
+    auto t0 = clk::now();
+    for (auto& x : h) x = dev->create();
+    best[0] = std::min(best[0], us_since(t0, n));
+    t0 = clk::now();
+    for (std::size_t i = 0; i < n; ++i) dev->map(va + i * g, &h[i], 1);
+    best[1] = std::min(best[1], us_since(t0, n));
+    t0 = clk::now();
+    for (std::size_t i = 0; i < n; ++i) dev->unmap(va + i * g, 1);
+    best[2] = std::min(best[2], us_since(t0, n));
+    t0 = clk::now();
+    dev->map(va, h.data(), n);
+    best[3] = std::min(best[3], us_since(t0, n));
+    t0 = clk::now();
+    dev->unmap(va, n);
+    best[4] = std::min(best[4], us_since(t0, n));
+    t0 = clk::now();
+    for (auto x : h) dev->destroy(x);
+    best[5] = std::min(best[5], us_since(t0, n));
+  }
+  const char* names[6] = {"create", "map, one page a call", "unmap, one page a call", "map, whole run in one call",
+                          "unmap, whole run in one call", "destroy"};
+  std::printf("| call | us per page |\n|---|---|\n");
+  for (int i = 0; i < 6; ++i) std::printf("| %s | %.2f |\n", names[i], best[i]);
+  dev->unreserve(va, n * g);
+  return 0;
+}
