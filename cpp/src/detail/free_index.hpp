@@ -74,7 +74,7 @@ class free_index {
   static constexpr int sl_count = 1 << sl_bits;
   static constexpr int min_fl = 8;  // 256 B, the smallest alignment
   static constexpr int fl_count = 64 - min_fl;
-  static constexpr int exact_scan = 8;
+  static constexpr int scan_limit = 64;
 
   static unsigned bin_of(std::size_t size) noexcept {
     int fl = 63 - std::countl_zero(size | 256);
@@ -107,26 +107,35 @@ class free_index {
     }
   }
 
-  // A free block of at least `size` bytes, or nullptr. Looks for the tightest
-  // fit among the first few blocks of size's own bin, else takes the first
-  // block of the next non-empty bin (every block there fits).
+  // A free block of at least `size` bytes, or nullptr: the tightest fit among
+  // the first `scan_limit` blocks of size's own bin, else the lowest-addressed
+  // of the first `scan_limit` blocks of the next non-empty bin (every block
+  // there fits). Ties go to the lowest address: blocks then gather at the low
+  // end of the arena and free space coalesces at the high end, which is what
+  // keeps pages whole on random lifetimes.
   block* find(std::size_t size) const noexcept {
     unsigned i = bin_of(size);
     block* best = nullptr;
     int seen = 0;
-    for (block* b = heads_[i]; b && seen < exact_scan; b = b->fnext, ++seen)
-      if (b->size >= size && (!best || b->size < best->size)) {
+    for (block* b = heads_[i]; b && seen < scan_limit; b = b->fnext, ++seen)
+      if (b->size >= size && (!best || b->size < best->size || (b->size == best->size && b->addr < best->addr)))
         best = b;
-        if (b->size == size) break;
-      }
     if (best) return best;
     unsigned fl = i / sl_count, sl = i % sl_count;
+    unsigned next;
     std::uint32_t sl_rest = sl + 1 < sl_count ? (sl_map_[fl] & ~((2u << sl) - 1)) : 0;
-    if (sl_rest) return heads_[fl * sl_count + static_cast<unsigned>(std::countr_zero(sl_rest))];
-    std::uint64_t fl_rest = fl + 1 < fl_count ? (fl_map_ & ~((std::uint64_t{2} << fl) - 1)) : 0;
-    if (!fl_rest) return nullptr;
-    unsigned f = static_cast<unsigned>(std::countr_zero(fl_rest));
-    return heads_[f * sl_count + static_cast<unsigned>(std::countr_zero(static_cast<unsigned>(sl_map_[f])))];
+    if (sl_rest) {
+      next = fl * sl_count + static_cast<unsigned>(std::countr_zero(sl_rest));
+    } else {
+      std::uint64_t fl_rest = fl + 1 < fl_count ? (fl_map_ & ~((std::uint64_t{2} << fl) - 1)) : 0;
+      if (!fl_rest) return nullptr;
+      unsigned f = static_cast<unsigned>(std::countr_zero(fl_rest));
+      next = f * sl_count + static_cast<unsigned>(std::countr_zero(static_cast<unsigned>(sl_map_[f])));
+    }
+    seen = 0;
+    for (block* b = heads_[next]; b && seen < scan_limit; b = b->fnext, ++seen)
+      if (!best || b->addr < best->addr) best = b;
+    return best;
   }
 
   // The tightest fit in size's own bin, looking at every block there (for
