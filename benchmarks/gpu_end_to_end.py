@@ -1,7 +1,8 @@
 """End-to-end training steps with vramkit as PyTorch's CUDA allocator vs PyTorch's own.
 
     python3 benchmarks/gpu_end_to_end.py [--out results.jsonl] [--models gpt2,resnet50]
-                                         [--allocators default,vramkit] [--warmup 3] [--steps 10]
+                                         [--allocators default,vramkit[,vramkit-tracking]]
+                                         [--warmup 3] [--steps 10]
 
 Each (model, allocator) pair runs in its own process (``--child MODEL ALLOC``), since
 vramkit.torch.use() must come before PyTorch allocates and each run must start cold:
@@ -9,6 +10,18 @@ vramkit.torch.use() must come before PyTorch allocates and each run must start c
 * gpt2: GPT-2 small (transformers ``GPT2Config()``, random weights), batch 8, sequence 1024
   (halved until it fits), bf16 autocast, AdamW.
 * resnet50: torchvision's (or timm's) ResNet-50, batch 128, 224x224, bf16 autocast, SGD with momentum.
+
+Allocators: ``default`` is PyTorch's own caching allocator; ``vramkit`` is vramkit.torch.use();
+``vramkit-tracking`` is vramkit.torch.use() plus leak tracking with Python call sites for the
+whole run (the tracking adaptor that ``vramkit.leaks`` installs, wrapping the device's current
+resource, so every tensor allocation records its size, stream and the Python line that made it).
+Compare ``vramkit-tracking`` with ``vramkit`` for the cost of tracking:
+
+    python3 benchmarks/gpu_end_to_end.py --models gpt2 --allocators vramkit,vramkit-tracking
+
+Its JSON line adds ``tracking``: the tracker's counts (allocs, frees, live, events dropped), the
+site hook's frame walks, and how many allocations in the event history got a call site (those
+made on PyTorch's autograd threads, which run no Python, get none).
 
 Warm-up steps, then timed steps (CUDA events around each step); the table shows the median
 step time, the first (cold) step, and the peak memory the allocator reserved and handed out:
@@ -78,11 +91,34 @@ def build_resnet50(torch, batch: int):
     return step
 
 
+ALLOCATORS = ("default", "vramkit", "vramkit-tracking")
+
+
+def tracking_summary(tracker, hook_calls0: int) -> dict:
+    """What the tracker saw: counts, frame walks, and call sites in the event history."""
+    from vramkit import _vramkit
+    out = dict(_vramkit.tracking_counts(tracker))
+    out["hook_calls"] = _vramkit.site_hook_calls() - hook_calls0
+    ev = [e for e in _vramkit.tracked_events(tracker) if e[0] == "alloc"]
+    out["history_allocs"] = len(ev)
+    out["history_allocs_with_site"] = sum(1 for e in ev if e[5])
+    out["sites"] = len({e[5] for e in ev if e[5]})
+    return out
+
+
 def child(model_name: str, alloc: str, warmup: int, steps: int, seq: int) -> dict:
-    if alloc == "vramkit":
+    if alloc not in ALLOCATORS:
+        raise SystemExit(f"unknown allocator {alloc!r} ({', '.join(ALLOCATORS)})")
+    tracking = None
+    if alloc.startswith("vramkit"):
         import vramkit
         import vramkit.torch
         vramkit.torch.use()
+        if alloc == "vramkit-tracking":
+            from vramkit import _vramkit
+            from vramkit.leaks import _tracking
+            hook_calls0 = _vramkit.site_hook_calls()
+            tracking = _tracking.acquire(None, python_stacks=True)  # (device, tracker), until the end
     import torch
     torch.backends.cuda.matmul.allow_tf32 = True
     torch.backends.cudnn.allow_tf32 = True
@@ -123,10 +159,13 @@ def child(model_name: str, alloc: str, warmup: int, steps: int, seq: int) -> dic
         res["oom"] = str(e).splitlines()[0][:300]
         print(json.dumps(res), flush=True)
         return res
+    if tracking is not None:
+        res["tracking"] = tracking_summary(tracking[1], hook_calls0)
+        _tracking.release(tracking[0])  # the statistics below read the pool's own adaptor
     res["step_ms"] = times
     res["median_ms"] = statistics.median(times)
     res["min_ms"] = min(times)
-    if alloc == "vramkit":
+    if alloc.startswith("vramkit"):
         res["peak_reserved"] = vramkit.max_memory_reserved()
         res["peak_allocated"] = vramkit.max_memory_allocated()
         st = vramkit.memory_stats()
@@ -190,7 +229,7 @@ def main() -> int:
                 with open(a.out, "a") as f:
                     f.write(json.dumps(r) + "\n")
             state = r.get("error") or r.get("oom") or f"{r['median_ms']:.1f} ms/step"
-            print(f"  {model:9s} {alloc:8s} {state}", file=sys.stderr, flush=True)
+            print(f"  {model:9s} {alloc:16s} {state}", file=sys.stderr, flush=True)
 
     dev = next((r.get("device") for r in rows if r.get("device")), "?")
     tv = next((r.get("torch") for r in rows if r.get("torch")), "?")
@@ -209,10 +248,16 @@ def main() -> int:
               f"{ratio:.3f} |")
     by = {(r["model"], r["allocator"]): r for r in rows if "median_ms" in r}
     for model in a.models.split(","):
-        d, v = by.get((model, "default")), by.get((model, "vramkit"))
+        d, v, t = by.get((model, "default")), by.get((model, "vramkit")), by.get((model, "vramkit-tracking"))
         if d and v:
             print(f"{model}: vramkit step time {v['median_ms'] / d['median_ms']:.3f}x of PyTorch's allocator, "
                   f"peak reserved {v['peak_reserved'] / d['peak_reserved']:.3f}x")
+        if v and t:
+            tr = t.get("tracking", {})
+            print(f"{model}: tracking with call sites costs {100 * (t['median_ms'] / v['median_ms'] - 1):+.1f}% "
+                  f"median step time over vramkit ({t['median_ms']:.1f} vs {v['median_ms']:.1f} ms); "
+                  f"{tr.get('allocs', 0)} allocations tracked, {tr.get('hook_calls', 0)} frame walks, "
+                  f"{tr.get('history_allocs_with_site', 0)} of the last {tr.get('history_allocs', 0)} with a site")
     return 0 if all("median_ms" in r for r in rows) else 1
 
 

@@ -2,9 +2,17 @@
 // that made each allocation.
 //
 // The hook runs on every tracked allocation, so it stays cheap: it walks the
-// frames of the thread that holds the GIL past vramkit's and the frameworks'
-// own files, and looks up (code object, instruction offset) in a hash map.
-// The strings ("file:line (function)") are built once per new site.
+// frames of the allocating thread past vramkit's and the frameworks' own
+// files, and looks up (code object, instruction offset) in a hash map. The
+// strings ("file:line (function)") are built once per new site.
+//
+// Allocations often arrive without the GIL: PyTorch's op bindings release it
+// before dispatching, so a tensor made on a Python line reaches vramkit (through
+// the allocator shim) on that thread with the GIL released. Such a thread still
+// has its Python thread state and frames; the hook takes the GIL for the walk,
+// as PyTorch's own memory-history recorder does. Threads that never ran Python
+// (no thread state) or run none now (no frame: PyTorch's autograd workers) get
+// no site and never wait for the GIL.
 #include <Python.h>
 #include <frameobject.h>
 #include <nanobind/nanobind.h>
@@ -13,8 +21,12 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <chrono>
+#include <future>
+#include <memory>
 #include <mutex>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -47,7 +59,8 @@ struct code_key_hash {
 };
 
 // Process-wide site registry. Reads and writes of the maps happen with the GIL
-// held; the mutex guards the strings, which C++ callers may read without it.
+// held (the hook takes it when its thread has none); the mutex guards the
+// strings, which C++ callers may read without it.
 struct site_registry {
   std::mutex mu;
   std::vector<site_frame> sites{site_frame{}};  // id 0: no site
@@ -120,8 +133,8 @@ int frame_offset(PyFrameObject* f) {
 #endif
 }
 
-std::uint32_t python_site_hook() {
-  if (!Py_IsInitialized() || !PyGILState_Check()) return 0;
+// The frame walk; the caller holds the GIL.
+std::uint32_t walk_frames() {
   site_registry& r = registry();
   ++r.calls;
   PyFrameObject* f = PyEval_GetFrame();  // borrowed
@@ -153,6 +166,53 @@ std::uint32_t python_site_hook() {
   return id;
 }
 
+bool interpreter_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing() != 0;
+#else
+  return _Py_IsFinalizing() != 0;
+#endif
+}
+
+// Whether the calling thread, which does not hold the GIL, is inside Python
+// code: its own thread state's current frame, read without the GIL. Only this
+// thread changes its frame stack, and it runs no Python while it is here, so
+// the pointer cannot change under the read; it is compared with null, never
+// followed. Versions whose layout is not known here answer yes (the GIL is
+// taken and PyEval_GetFrame decides).
+bool has_python_frame(PyThreadState* ts) {
+#if defined(Py_GIL_DISABLED) || PY_VERSION_HEX >= 0x030F0000
+  (void)ts;
+  return true;
+#elif PY_VERSION_HEX >= 0x030D0000
+  return ts->current_frame != nullptr;
+#elif PY_VERSION_HEX >= 0x030B0000
+  return ts->cframe != nullptr && ts->cframe->current_frame != nullptr;
+#else
+  return ts->frame != nullptr;
+#endif
+}
+
+std::uint32_t python_site_hook() {
+  if (!Py_IsInitialized()) return 0;
+  if (PyGILState_Check()) return walk_frames();  // the fast path: Python called vramkit
+  // No GIL. A thread with no Python thread state never ran Python: no site,
+  // and no waiting for the GIL. Nor while the interpreter shuts down, when
+  // taking the GIL can block the thread for good.
+  PyThreadState* ts = PyGILState_GetThisThreadState();
+  if (!ts || !has_python_frame(ts) || interpreter_finalizing()) return 0;
+  PyGILState_STATE g = PyGILState_Ensure();
+  std::uint32_t id = walk_frames();
+  PyGILState_Release(g);
+  return id;
+}
+
+// Frames of vramkit's own files and of the frameworks' are never named as a
+// site. Where those packages live is found on the Python side; it must be set
+// before the first allocation is named, also for adaptors made straight from
+// this module.
+void ensure_skip_prefixes() { nb::module_::import_("vramkit.leaks._tracking").attr("_ensure_prefixes")(); }
+
 tracking_adaptor& as_tracking(device_resource& r, const char* fn) {
   auto* t = dynamic_cast<tracking_adaptor*>(&r);
   if (!t) throw invalid_argument(std::string(fn) + ": resource '" + r.name() + "' is not a tracking adaptor");
@@ -164,6 +224,7 @@ tracking_adaptor& as_tracking(device_resource& r, const char* fn) {
 void bind_leaks(nb::module_& m) {
   m.def("tracking_adaptor", [](std::shared_ptr<device_resource> r, bool python_stacks, std::size_t max_events)
             -> std::shared_ptr<device_resource> {
+    if (python_stacks) ensure_skip_prefixes();
     return std::make_shared<tracking_adaptor>(std::move(r), python_stacks ? &python_site_hook : nullptr, max_events);
   }, "resource"_a, "python_stacks"_a = true, "max_events"_a = tracking_adaptor::default_max_events,
         "Wraps resource in an adaptor that records every live allocation (size, stream, time, Python call site) "
@@ -173,6 +234,7 @@ void bind_leaks(nb::module_& m) {
   m.def("tracking_mark", [](device_resource& r) { return as_tracking(r, "tracking_mark").mark(); });
   m.def("tracking_reset", [](device_resource& r) { as_tracking(r, "tracking_reset").reset(); });
   m.def("set_python_stacks", [](device_resource& r, bool on) {
+    if (on) ensure_skip_prefixes();
     as_tracking(r, "set_python_stacks").set_site_hook(on ? &python_site_hook : nullptr);
   });
   m.def("tracking_counts", [](device_resource& r) {
@@ -244,6 +306,7 @@ void bind_leaks(nb::module_& m) {
   }, "File path prefixes whose frames are never named as a call site (vramkit's and the frameworks' own).");
   m.def("guard_adaptor", [](std::shared_ptr<device_resource> r, std::size_t redzone, std::size_t quarantine,
                             bool python_stacks) -> std::shared_ptr<device_resource> {
+    if (python_stacks) ensure_skip_prefixes();
     return std::make_shared<guard_adaptor>(std::move(r), redzone, quarantine,
                                            python_stacks ? &python_site_hook : nullptr);
   }, "resource"_a, "redzone"_a = 256, "quarantine"_a = 64, "python_stacks"_a = true,
@@ -273,4 +336,26 @@ void bind_leaks(nb::module_& m) {
     return out;
   }, "Violations found now (live red zones, quarantined poison) and at frees since the last call.");
   m.def("site_hook_calls", [] { return registry().calls; });
+  m.def("_alloc_without_gil", [](std::shared_ptr<device_resource> r, std::size_t nbytes, bool new_thread) {
+    if (!new_thread) {
+      nb::gil_scoped_release rel;  // as PyTorch's op bindings do before they allocate
+      return reinterpret_cast<std::uintptr_t>(r->allocate(nbytes, 0));
+    }
+    // A thread that never ran Python, while this one keeps the GIL: a hook that
+    // waited for the GIL there would never return, so give up after a while.
+    auto task = std::make_shared<std::packaged_task<std::uintptr_t()>>(
+        [r, nbytes] { return reinterpret_cast<std::uintptr_t>(r->allocate(nbytes, 0)); });
+    std::future<std::uintptr_t> done = task->get_future();
+    std::thread th([task] { (*task)(); });
+    if (done.wait_for(std::chrono::seconds(10)) != std::future_status::ready) {
+      th.detach();
+      throw std::runtime_error("_alloc_without_gil: the allocation on a thread without a Python thread state "
+                               "did not return within 10 s (is the site hook waiting for the GIL?)");
+    }
+    th.join();
+    return done.get();
+  }, "resource"_a, "nbytes"_a, "new_thread"_a = false,
+        "Test helper: resource.allocate(nbytes) with the GIL released on this thread (new_thread=False), or on "
+        "a new C++ thread that never ran Python while this one holds the GIL; returns the pointer (free it "
+        "with resource.deallocate).");
 }

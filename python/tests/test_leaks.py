@@ -5,6 +5,7 @@ import pickle
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 
@@ -48,6 +49,51 @@ def test_tracking_adaptor_records_python_call_sites():
     b2 = _vramkit.alloc_from(t2, 10)
     assert _vramkit.tracked_live(t2)[0]["site"] == 0
     b2.free()
+
+
+def test_call_sites_of_allocations_made_without_the_gil():
+    """PyTorch's op bindings release the GIL before they allocate, so its tensors reach vramkit
+    (through the allocator shim) on a thread that has a Python thread state but not the GIL. The
+    hook takes the GIL for the walk there; on a thread that never ran Python it gives no site and
+    never waits for the GIL."""
+    leaks._tracking._ensure_prefixes()
+    base = _vramkit.current_resource(None)
+    t = _vramkit.tracking_adaptor(base)
+    made = []
+    p = _vramkit._alloc_without_gil(t, 3000)  # NOGIL-MAIN
+    made.append((p, 3000))
+
+    got = {}
+
+    def worker():  # a Python thread: its own thread state, the GIL released inside the call
+        got["p"] = _vramkit._alloc_without_gil(t, 5000)  # NOGIL-THREAD
+
+    th = threading.Thread(target=worker)
+    th.start()
+    th.join(60)
+    assert not th.is_alive() and "p" in got
+    made.append((got["p"], 5000))
+    # A C++ thread with no Python thread state, while this thread keeps the GIL: the helper
+    # raises after 10 s if the hook waits for the GIL there.
+    calls = _vramkit.site_hook_calls()
+    q = _vramkit._alloc_without_gil(t, 7000, new_thread=True)
+    made.append((q, 7000))
+    assert _vramkit.site_hook_calls() == calls, "the hook walked frames on a thread that never ran Python"
+
+    names = leaks._tracking.SiteNames()
+    sites = {a["ptr"]: a["site"] for a in _vramkit.tracked_live(t)}
+    assert names.key(sites[p]) == _line_of("# NOGIL-MAIN")
+    assert names.function(sites[p]) == "test_call_sites_of_allocations_made_without_the_gil"
+    assert names.key(sites[got["p"]]) == _line_of("# NOGIL-THREAD") and names.function(sites[got["p"]]) == "worker"
+    assert sites[q] == 0
+    for ptr, n in made:
+        t.deallocate(ptr, n)
+    c = _vramkit.tracking_counts(t)
+    assert c["allocs"] == 3 and c["frees"] == 3 and c["live_bytes"] == 0
+    # The GIL-holding path is unchanged, and this thread holds the GIL again.
+    b = _vramkit.alloc_from(t, 100)  # NOGIL-AFTER
+    assert leaks._tracking.SiteNames().key(_vramkit.tracked_live(t)[0]["site"]) == _line_of("# NOGIL-AFTER")
+    b.free()
 
 
 def test_leak_check_names_the_leaking_line_and_restores_the_resource():
