@@ -175,11 +175,21 @@ import vramkit, vramkit.torch
 vramkit.torch.use()
 import torch
 
-SLEEP = int(2e9)          # cycles: about a second of a busy stream A
+SLEEP = int(4e9)          # cycles: about two seconds of a busy stream A
 N = 16 << 20              # float32 elements (64 MiB); 2**24 keeps arange exact
 dev = torch.device("cuda", 0)
 sa, sb = torch.cuda.Stream(dev), torch.cuda.Stream(dev)
 res = {"torch": torch.__version__}
+
+# Load every kernel used below once, so that no first-launch module loading on
+# stream B outlasts stream A's long kernel.
+_w = torch.full((16,), 1.0, device=dev)
+torch.arange(16, device=dev, dtype=torch.float32).mul_(0.5).add_(_w)
+_w * 2 + 1
+(_w != 1.0).sum()
+torch.cuda._sleep(1000)
+torch.cuda.synchronize()
+del _w
 
 def overlap(p, n, rng):
     return p < rng[1] and rng[0] < p + n
@@ -558,6 +568,12 @@ def test_cupy_kernels_on_vramkit_memory():
 
 
 NUMBA_KERNELS = """
+import numpy as np
+# numba-cuda releases that predate NumPy 2.3 still name np.row_stack (removed
+# there; it was an alias of vstack) while compiling any kernel. Restoring the
+# alias lets them run; it changes nothing vramkit does.
+if not hasattr(np, "row_stack"):
+    np.row_stack = np.vstack
 from numba import cuda
 @cuda.jit
 def fill_u8(a, v):
