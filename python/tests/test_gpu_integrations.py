@@ -616,7 +616,6 @@ print(json.dumps({"u8_bad": int((got != want).sum()), "f_bad": int((fh != src * 
 @needs("numba")
 @pytest.mark.parametrize("how", ["env", "use"])
 def test_numba_emm_plugin(how):
-    _require_numba_cuda()
     setup = "import vramkit.numba\nvramkit.numba.use()\n" if how == "use" else ""
     env = {"NUMBA_CUDA_MEMORY_MANAGER": "vramkit.numba"} if how == "env" else {}
     r = child(setup + NUMBA_KERNELS + """
