@@ -258,12 +258,15 @@ struct pool_resource::impl {
   block* find_fit(std::size_t size, bool small, std::uint32_t slot, bool hollow) {
     const std::uint32_t order[2] = {slot, 0};
     const int n = slot == 0 ? 1 : 2;
+    // The tighter of the stream's own fit and the shared one (lower address on ties).
+    block* best = nullptr;
     for (int i = 0; i < n; ++i) {
       auto& s = slots[order[i]];
       auto& idx = (hollow ? s.hollow : s.backed)[small];
-      if (block* b = idx.find(size)) return b;
+      if (block* b = idx.find(size))
+        if (!best || b->size < best->size || (b->size == best->size && b->addr < best->addr)) best = b;
     }
-    return nullptr;
+    return best;
   }
 
   block* find_fit_exhaustive(std::size_t size, bool small, std::uint32_t slot) {
