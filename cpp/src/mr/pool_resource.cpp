@@ -27,19 +27,8 @@ struct detail::arena {
   // Paged only: the physical page behind each page of the range (0 = none).
   std::vector<page_handle> handles;
   std::vector<std::uint64_t> mapped_bits;
-  // Pages given to another address while work queued before their free may
-  // still use this one: physically still mapped here, logically not; they
-  // are unmapped once that work is done, and before anything maps here.
-  std::vector<std::uint64_t> zombie_bits;
 
   bool mapped(std::size_t p) const { return mapped_bits[p >> 6] >> (p & 63) & 1; }
-  bool zombie(std::size_t p) const { return zombie_bits[p >> 6] >> (p & 63) & 1; }
-  void set_zombie(std::size_t p, bool on) {
-    if (on)
-      zombie_bits[p >> 6] |= std::uint64_t{1} << (p & 63);
-    else
-      zombie_bits[p >> 6] &= ~(std::uint64_t{1} << (p & 63));
-  }
   void set_mapped(std::size_t p, bool on) {
     if (on)
       mapped_bits[p >> 6] |= std::uint64_t{1} << (p & 63);
@@ -82,14 +71,6 @@ struct pool_resource::impl {
   detail::ptr_map<block*> live;
   std::vector<block*> pending;
   std::vector<page_handle> spare_handles;  // created, mapped nowhere
-  // Old addresses of pages moved from a stream's own free blocks, unmapped
-  // once the event recorded on that stream at the move has completed.
-  struct deferred_unmap {
-    detail::arena* a;
-    std::size_t first, count;
-    event_id ev;
-  };
-  std::vector<deferred_unmap> deferred;
   detail::block_pool blocks;
 
   std::size_t live_bytes = 0;
@@ -128,7 +109,6 @@ struct pool_resource::impl {
       std::size_t np = va / page;
       a->handles.assign(np, 0);
       a->mapped_bits.assign((np + 63) / 64, 0);
-      a->zombie_bits.assign((np + 63) / 64, 0);
       block* b = blocks.make();
       b->addr = a->base;
       b->size = va;
@@ -149,7 +129,6 @@ struct pool_resource::impl {
   }
 
   ~impl() {
-    flush_deferred(true);
     for (auto* a : arenas) {
       if (a->paged) {
         std::size_t np = a->handles.size();
@@ -300,7 +279,7 @@ struct pool_resource::impl {
   // Unmaps up to `want` mapped pages wholly inside the oldest stealable free
   // block of `slot` (one contiguous run, from its high end, in one call) and
   // appends their physical pages to out. Returns how many it took.
-  std::size_t steal(std::uint32_t slot, std::size_t want, std::vector<page_handle>& out, bool defer = false) {
+  std::size_t steal(std::uint32_t slot, std::size_t want, std::vector<page_handle>& out) {
     auto& s = slots[slot];
     block* b = s.steal_head;
     if (!b || want == 0) return 0;
@@ -336,19 +315,13 @@ struct pool_resource::impl {
     std::size_t first = p;
     while (first > lo && a->mapped(first - 1) && p + 1 - first < want) --first;
     std::size_t k = p + 1 - first;
-    if (defer) {
-      deferred.push_back({a, first, k, streams->record(s.stream)});
-      for (std::size_t q = first; q <= p; ++q) a->set_zombie(q, true);
-      ctr.pages_deferred += k;
-    } else {
-      pages->unmap(a->base + first * page, k);
-      ctr.pages_unmapped += k;
-    }
+    pages->unmap(a->base + first * page, k);
     for (std::size_t q = first; q <= p; ++q) {
       out.push_back(a->handles[q]);
       a->handles[q] = 0;
       a->set_mapped(q, false);
     }
+    ctr.pages_unmapped += k;
     ctr.pages_remapped += k;
     (b->hollow ? s.hollow : s.backed)[b->ar->small].remove(b);
     b->unmapped += k;
@@ -356,45 +329,6 @@ struct pool_resource::impl {
     s.hollow[b->ar->small].insert(b);
     if (!stealable(b)) steal_unlink(b, s);
     return k;
-  }
-
-  void finish_deferred(std::size_t i) {
-    deferred_unmap d = deferred[i];
-    pages->unmap(d.a->base + d.first * page, d.count);
-    for (std::size_t q = d.first; q < d.first + d.count; ++q) d.a->set_zombie(q, false);
-    ctr.pages_unmapped += d.count;
-    streams->release(d.ev);
-    deferred[i] = deferred.back();
-    deferred.pop_back();
-  }
-
-  // Unmaps the old addresses whose work is done (all of them, waiting, with wait).
-  void flush_deferred(bool wait) {
-    for (std::size_t i = 0; i < deferred.size();) {
-      if (wait)
-        streams->wait(deferred[i].ev);
-      else if (!streams->done(deferred[i].ev)) {
-        ++i;
-        continue;
-      }
-      finish_deferred(i);
-    }
-  }
-
-  // Before pages are mapped in [p0, p1] of arena a: old mappings there go first.
-  void clear_zombies(detail::arena* a, std::size_t p0, std::size_t p1) {
-    for (std::size_t i = 0; i < deferred.size();) {
-      deferred_unmap& d = deferred[i];
-      if (d.a != a || d.first > p1 || d.first + d.count <= p0) {
-        ++i;
-        continue;
-      }
-      if (!streams->done(d.ev)) {
-        streams->wait(d.ev);
-        ++ctr.deferred_waits;
-      }
-      finish_deferred(i);
-    }
   }
 
   // Gets n physical pages for a block that will hold `need_live` live bytes.
@@ -434,12 +368,6 @@ struct pool_resource::impl {
           if (reclaim_streams(false)) continue;
         }
       }
-      // The requester's own stream freed these: work queued on it later runs
-      // after the work that used them, so their pages can serve it at once;
-      // only their old addresses must wait to be unmapped.
-      if (opt.remap && slot != 0 && slots[slot].steal_head && !opt.wait_to_remap) {
-        if (steal(slot, n - out.size(), out, true)) continue;
-      }
       if (opt.remap && opt.wait_to_remap && slot != 0 && slots[slot].steal_head) {
         if (!waited) {
           streams->wait_for_stream(slots[slot].stream);
@@ -477,10 +405,6 @@ struct pool_resource::impl {
     if (n == 0) return true;
     thread_local std::vector<page_handle> hs;
     if (!acquire(n, need_live, slot, hs)) return false;
-    if (!deferred.empty()) {
-      flush_deferred(false);
-      clear_zombies(a, p0, p1);
-    }
     std::size_t k = 0;
     std::size_t p = p0;
     try {
@@ -648,7 +572,6 @@ struct pool_resource::impl {
       if (block* b = try_place(size, small, slot, stream)) return finish(b, bytes, stream);
     if (!pending.empty()) process_pending(true);
     reclaim_streams(true);
-    flush_deferred(true);
     if (!upstream) {
       for (auto h : spare_handles) {
         pages->destroy(h);
@@ -692,14 +615,6 @@ struct pool_resource::impl {
     return lo;
   }
 
-  // What mapping page p for a new block costs: nothing if it is mapped; one
-  // page if not; more if its old mapping still waits for a stream (placing
-  // there may have to wait for the GPU).
-  static std::size_t page_cost(const detail::arena* a, std::size_t p) {
-    return a->mapped(p) ? 0 : a->zombie(p) ? zombie_cost : 1;
-  }
-  static constexpr std::size_t zombie_cost = 4;
-
   // The free block with unmapped pages, and the place inside it, where a block
   // of `size` needs the fewest new pages (a rare path: every hollow candidate
   // of the two slots is looked at).
@@ -727,7 +642,7 @@ struct pool_resource::impl {
         std::size_t p0, p1;
         pages_of(b->addr, p0, p1);
         std::size_t c = 0;
-        for (std::size_t p = p0; p <= p1; ++p) c += page_cost(a, p);
+        for (std::size_t p = p0; p <= p1; ++p) c += !a->mapped(p);
         consider(b->addr, c);
         // At each page boundary inside, sliding the window one page at a time,
         // up to the last mapped page (past it every place costs the whole window).
@@ -739,15 +654,15 @@ struct pool_resource::impl {
         std::size_t last_mapped = last_mapped_page(a, p0, hi_page);
         pages_of(x, p0, p1);
         c = 0;
-        for (std::size_t p = p0; p <= p1; ++p) c += page_cost(a, p);
+        for (std::size_t p = p0; p <= p1; ++p) c += !a->mapped(p);
         while (true) {
           consider(x, c);
           if (best_cost == 0 || x + page > last_start || p0 > last_mapped) break;
-          c -= page_cost(a, p0);
+          c -= !a->mapped(p0);
           x += page;
           std::size_t q0, q1;
           pages_of(x, q0, q1);
-          for (std::size_t p = p1 + 1; p <= q1; ++p) c += page_cost(a, p);
+          for (std::size_t p = p1 + 1; p <= q1; ++p) c += !a->mapped(p);
           p0 = q0;
           p1 = q1;
         }
@@ -931,7 +846,6 @@ struct pool_resource::impl {
     std::lock_guard<std::mutex> lk(mu);
     process_pending(true);
     reclaim_streams(true);
-    flush_deferred(true);
     trim_to(0);
   }
 
@@ -960,7 +874,7 @@ struct pool_resource::impl {
 void pool_resource::impl::check() const {
   std::lock_guard<std::mutex> lk(mu);
   auto fail = [](const std::string& what) { throw error("pool invariant broken: " + what); };
-  std::size_t live_sum = 0, live_n = 0, mapped_pages = 0, zombie_pages = 0;
+  std::size_t live_sum = 0, live_n = 0, mapped_pages = 0;
   for (auto* a : arenas) {
     std::uintptr_t at = a->base;
     const block* prev = nullptr;
@@ -1003,8 +917,6 @@ void pool_resource::impl::check() const {
     if (a->paged)
       for (std::size_t p = 0; p < a->handles.size(); ++p) {
         if (a->mapped(p) != (a->handles[p] != 0)) fail("page map and handles disagree");
-        if (a->zombie(p) && a->mapped(p)) fail("a page waiting to be unmapped is also in use");
-        zombie_pages += a->zombie(p);
         mapped_pages += a->mapped(p);
       }
   }
@@ -1013,9 +925,6 @@ void pool_resource::impl::check() const {
   std::size_t pend = 0;
   for (auto* b : pending) pend += b->size;
   if (pend != pending_bytes) fail("pending bytes do not add up");
-  std::size_t deferred_pages = 0;
-  for (auto& d : deferred) deferred_pages += d.count;
-  if (zombie_pages != deferred_pages) fail("pages waiting to be unmapped do not match their list");
   if (!upstream && (mapped_pages + spare_handles.size()) * page != reserved)
     fail("reserved != mapped + spare pages");
 }

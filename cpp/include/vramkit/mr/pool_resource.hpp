@@ -27,8 +27,6 @@ struct pool_counters {
   std::size_t segments_allocated = 0;
   std::size_t segments_freed = 0;
   std::size_t stream_reclaims = 0;  // free blocks handed from one stream to all
-  std::size_t pages_deferred = 0;   // pages moved whose old address waited for its stream
-  std::size_t deferred_waits = 0;   // times an old address was needed before its work was done
 };
 
 struct block_info {
