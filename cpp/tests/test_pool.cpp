@@ -132,31 +132,46 @@ TEST(pool_property, hundred_thousand_random_ops_against_a_model) {
 
 TEST(pool_faults, every_kth_upstream_call_fails_without_leak_or_corruption) {
   for (int every : {3, 7, 50}) {
-    auto inner = std::make_shared<host_page_device>(16 * GiB);
+    // Small enough that requests also fail for want of memory.
+    auto inner = std::make_shared<host_page_device>(512 * MiB);
     auto dev = std::make_shared<faulty_device>(inner, every);
-    pool_resource pool(dev, nullptr);
+    // Two streams whose events are found done only on some queries, so frees
+    // change hands between them at any point of a request.
+    struct sometimes_done : stream_ops {
+      unsigned queries = 0;
+      event_id record(stream_t) override { return 1; }
+      bool done(event_id) override { return ++queries % 3 == 0; }
+      void wait(event_id) override {}
+      void release(event_id) noexcept override {}
+      void synchronize_device() override {}
+    };
+    pool_resource pool(dev, std::make_shared<sometimes_done>());
     std::mt19937_64 rng(every);
+    const stream_t streams[2] = {0x10, 0x20};
     std::map<std::uintptr_t, live_block> live;
     int errors = 0;
     for (int step = 0; step < 3000; ++step) {
       if (live.empty() || rng() % 2) {
         std::size_t n = random_size(rng, 256, 64 * MiB);
         try {
-          void* p = pool.allocate(n);
+          stream_t st = streams[rng() % 2];
+          void* p = pool.allocate(n, st);
           std::memset(p, 0x3c, std::min<std::size_t>(n, 64));
-          live.emplace(reinterpret_cast<std::uintptr_t>(p), live_block{n, 0});
+          live.emplace(reinterpret_cast<std::uintptr_t>(p), live_block{n, st});
         } catch (const out_of_memory& e) {
           ++errors;
           EXPECT_NE(std::string(e.what()).find("requested"), std::string::npos);
+          pool.check_invariants();  // a failed request leaves the pool as it was
         } catch (const cuda_error& e) {
           ++errors;
           EXPECT_NE(std::string(e.what()).find("injected"), std::string::npos);
+          pool.check_invariants();
         }
       } else {
         auto it = live.begin();
         std::advance(it, rng() % live.size());
         ASSERT_EQ(static_cast<unsigned char*>(reinterpret_cast<void*>(it->first))[0], 0x3c) << "data corrupted";
-        pool.deallocate_checked(reinterpret_cast<void*>(it->first), it->second.size);
+        pool.deallocate_checked(reinterpret_cast<void*>(it->first), it->second.size, it->second.stream);
         live.erase(it);
       }
       if (step % 101 == 0) {
@@ -166,7 +181,7 @@ TEST(pool_faults, every_kth_upstream_call_fails_without_leak_or_corruption) {
     }
     EXPECT_GT(dev->faults, 0);
     EXPECT_GT(errors, 0);
-    for (auto& [a, b] : live) pool.deallocate_checked(reinterpret_cast<void*>(a), b.size);
+    for (auto& [a, b] : live) pool.deallocate_checked(reinterpret_cast<void*>(a), b.size, b.stream);
     pool.check_invariants();
     pool.release_cached();
     EXPECT_EQ(inner->created_bytes(), 0u) << "physical pages leaked with every=" << every;
@@ -312,6 +327,111 @@ TEST(pool, wait_to_remap_waits_for_the_stream_instead_of_growing) {
     for (int i = 1; i < 32; i += 2) pool.deallocate_checked(v[i], 0, s);
     pool.check_invariants();
   }
+}
+
+// Streams modelled like a GPU: each stream has a queue position; an event
+// completes when the stream's completed position reaches it, which the test
+// advances at random. Every block the pool hands out is checked against the
+// memory still in use by other streams' unfinished work; upstream calls fail
+// now and then; the pool's invariants are checked after every operation.
+TEST(pool_property, streams_lagging_behind_with_faults_never_share_pending_memory) {
+  struct lagging_streams : stream_ops {
+    std::size_t queued[8] = {}, completed[8] = {};
+    long outstanding = 0;
+    static std::size_t pos(event_id e) { return e & ((event_id{1} << 40) - 1); }
+    event_id record(stream_t s) override {
+      ++outstanding;
+      return (static_cast<event_id>(s) << 40) | ++queued[s];
+    }
+    bool done(event_id e) override { return completed[e >> 40] >= pos(e); }
+    void wait(event_id e) override { completed[e >> 40] = std::max(completed[e >> 40], pos(e)); }
+    void release(event_id) noexcept override { --outstanding; }
+    void synchronize_device() override { std::copy(queued, queued + 8, completed); }
+  };
+  struct use {
+    std::uintptr_t lo, hi;
+    stream_t s;
+    std::size_t pos;
+  };
+  struct held {
+    std::uintptr_t p;
+    std::size_t n;
+    stream_t s;
+  };
+  for (int nstreams : {1, 3})
+    for (std::uint64_t seed = 1; seed <= 6; ++seed) {
+      auto inner = std::make_shared<host_page_device>(512 * MiB);
+      auto dev = std::make_shared<faulty_device>(inner, 7);
+      auto ev = std::make_shared<lagging_streams>();
+      std::mt19937_64 rng(seed * 31 + static_cast<std::uint64_t>(nstreams));
+      auto rnd = [&](std::size_t n) { return static_cast<std::size_t>(rng() % n); };
+      pool_options o;
+      if (rnd(2)) o.release_threshold = 64 * MiB;
+      o.wait_to_remap = rnd(4) == 0;
+      std::vector<use> uses;
+      std::vector<held> live;
+      long races = 0;
+      {
+        pool_resource pool(dev, ev, o);
+        auto mark_use = [&](std::uintptr_t p, std::size_t n, stream_t s) { uses.push_back({p, p + n, s, ++ev->queued[s]}); };
+        for (int it = 0; it < 4000; ++it) {
+          int op = static_cast<int>(rnd(100));
+          stream_t s = 1 + rnd(static_cast<std::size_t>(nstreams));
+          if (op < 40) {
+            std::size_t n = rnd(3) ? 1 + rnd(3 * MiB) : 1 + rnd(48 * MiB);
+            void* p = nullptr;
+            try {
+              p = pool.allocate(n, s);
+            } catch (const out_of_memory&) {
+            } catch (const cuda_error&) {
+            }
+            if (p) {
+              auto a = reinterpret_cast<std::uintptr_t>(p);
+              for (auto& u : uses)
+                if (u.s != s && ev->completed[u.s] < u.pos && u.lo < a + n && a < u.hi) ++races;
+              live.push_back({a, n, s});
+              mark_use(a, n, s);
+            }
+          } else if (op < 55 && !live.empty()) {  // more work on a block's own stream
+            auto& b = live[rnd(live.size())];
+            mark_use(b.p, b.n, b.s);
+          } else if (op < 60 && !live.empty()) {  // used on another stream too
+            auto& b = live[rnd(live.size())];
+            stream_t t = 1 + rnd(static_cast<std::size_t>(nstreams));
+            if (t != b.s) pool.record_stream(reinterpret_cast<void*>(b.p), t);
+            mark_use(b.p, b.n, t);
+          } else if (op < 90 && !live.empty()) {
+            std::size_t i = rnd(live.size());
+            held b = live[i];
+            live[i] = live.back();
+            live.pop_back();
+            stream_t f = rnd(5) == 0 ? s : b.s;  // sometimes freed on another stream
+            mark_use(b.p, b.n, f);
+            pool.deallocate_checked(reinterpret_cast<void*>(b.p), 0, f);
+          } else if (op < 98) {
+            ev->completed[s] = std::max(ev->completed[s], ev->queued[s] - std::min(ev->queued[s], rnd(6)));
+          } else if (op < 99) {
+            pool.release_cached();
+          } else {
+            pool.set_reserve_limit(rnd(2) ? 0 : 256 * MiB);
+          }
+          ASSERT_NO_THROW(pool.check_invariants()) << "seed " << seed << ", " << nstreams << " streams, step " << it;
+          if (uses.size() > 4096) {
+            std::vector<use> keep;
+            for (auto& u : uses)
+              if (ev->completed[u.s] < u.pos) keep.push_back(u);
+            uses.swap(keep);
+          }
+        }
+        EXPECT_EQ(races, 0) << "handed out memory that another stream's pending work uses (seed " << seed << ")";
+        if (seed % 2) {  // half the runs end with memory still cached and events pending
+          for (auto& b : live) pool.deallocate_checked(reinterpret_cast<void*>(b.p), 0, b.s);
+          pool.release_cached();
+          EXPECT_EQ(inner->created_bytes(), 0u) << "pages left after release_cached (seed " << seed << ")";
+        }
+      }
+      EXPECT_EQ(ev->outstanding, 0) << "events recorded and never released (seed " << seed << ")";
+    }
 }
 
 TEST(pool, eight_threads_stress) {

@@ -107,8 +107,8 @@ class free_index {
     }
   }
 
-  // A free block of at least `size` bytes, or nullptr: the tightest fit among
-  // the first `scan_limit` blocks of size's own bin, else the lowest-addressed
+  // A free block of at least `size` bytes, or nullptr: the first exact fit or
+  // else the tightest fit among the first `scan_limit` blocks of size's own bin, else the lowest-addressed
   // of the first `scan_limit` blocks of the next non-empty bin (every block
   // there fits). Ties go to the lowest address: blocks then gather at the low
   // end of the arena and free space coalesces at the high end, which is what
@@ -118,8 +118,10 @@ class free_index {
     block* best = nullptr;
     int seen = 0;
     for (block* b = heads_[i]; b && seen < scan_limit; b = b->fnext, ++seen)
-      if (b->size >= size && (!best || b->size < best->size || (b->size == best->size && b->addr < best->addr)))
+      if (b->size >= size && (!best || b->size < best->size || (b->size == best->size && b->addr < best->addr))) {
         best = b;
+        if (b->size == size) break;  // an exact fit: nothing is tighter
+      }
     if (best) return best;
     unsigned fl = i / sl_count, sl = i % sl_count;
     unsigned next;

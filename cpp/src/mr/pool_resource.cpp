@@ -129,6 +129,10 @@ struct pool_resource::impl {
   }
 
   ~impl() {
+    for (auto& s : slots)
+      if (s.event_pending) streams->release(s.event);
+    for (block* b : pending)
+      for (event_id e : b->events) streams->release(e);
     for (auto* a : arenas) {
       if (a->paged) {
         std::size_t np = a->handles.size();
@@ -242,8 +246,10 @@ struct pool_resource::impl {
     for (int i = 0; i < n; ++i) {
       auto& s = slots[order[i]];
       auto& idx = (hollow ? s.hollow : s.backed)[small];
-      if (block* b = idx.find(size))
+      if (block* b = idx.find(size)) {
         if (!best || b->size < best->size || (b->size == best->size && b->addr < best->addr)) best = b;
+        if (best->size == size) break;
+      }
     }
     return best;
   }
@@ -276,18 +282,38 @@ struct pool_resource::impl {
     return h;
   }
 
-  // Unmaps up to `want` mapped pages wholly inside the oldest stealable free
+  // The highest mapped page in [lo, hi], or lo when none is (a word at a time).
+  static std::size_t last_mapped_page(const detail::arena* a, std::size_t lo, std::size_t hi) {
+    std::size_t p = hi + 1;
+    while (p > lo) {
+      std::size_t w = (p - 1) >> 6;
+      std::uint64_t bits = a->mapped_bits[w];
+      std::size_t top = (p - 1) & 63;
+      bits &= top == 63 ? ~std::uint64_t{0} : ((std::uint64_t{1} << (top + 1)) - 1);
+      if (bits) {
+        std::size_t q = (w << 6) + 63 - static_cast<std::size_t>(std::countl_zero(bits));
+        return q >= lo ? q : lo;
+      }
+      p = w << 6;
+    }
+    return lo;
+  }
+
+  static constexpr int steal_scan = 32;
+
+  // Unmaps up to `want` mapped pages wholly inside a stealable free
   // block of `slot` (one contiguous run, from its high end, in one call) and
   // appends their physical pages to out. Returns how many it took.
   std::size_t steal(std::uint32_t slot, std::size_t want, std::vector<page_handle>& out) {
     auto& s = slots[slot];
     block* b = s.steal_head;
     if (!b || want == 0) return 0;
-    // From the free block with the fewest mapped pages inside (the oldest of
-    // equals): small scattered pieces go first, long mapped runs stay whole
-    // for the large blocks that need them.
+    // From the free block with the fewest mapped pages inside among the
+    // oldest `steal_scan` (the oldest of equals): small scattered pieces go
+    // first, long mapped runs stay whole for the large blocks that need them.
     std::size_t least = interior_pages(b) - b->unmapped;
-    for (block* c = b->snext; c && least > 1; c = c->snext) {
+    int looked = 0;
+    for (block* c = b->snext; c && least > 1 && ++looked < steal_scan; c = c->snext) {
       std::size_t m = interior_pages(c) - c->unmapped;
       if (m < least) {
         least = m;
@@ -297,20 +323,8 @@ struct pool_resource::impl {
     detail::arena* a = b->ar;
     std::size_t lo = round_up(b->addr - a->base, page) / page;
     std::size_t hi = (b->addr + b->size - a->base) / page;
-    std::size_t p = hi;
-    while (p > lo) {  // highest mapped page in [lo, hi)
-      --p;
-      std::uint64_t w = a->mapped_bits[p >> 6] & (~std::uint64_t{0} >> (63 - (p & 63)));
-      if (w) {
-        p = (p & ~std::size_t{63}) + (63 - static_cast<std::size_t>(std::countl_zero(w)));
-        break;
-      }
-      p &= ~std::size_t{63};
-      if (p <= lo) {
-        p = lo;
-        break;
-      }
-    }
+    if (hi <= lo) return 0;  // cannot happen while invariants hold
+    std::size_t p = last_mapped_page(a, lo, hi - 1);
     if (p < lo || p >= hi || !a->mapped(p)) return 0;  // cannot happen while invariants hold
     std::size_t first = p;
     while (first > lo && a->mapped(first - 1) && p + 1 - first < want) --first;
@@ -528,29 +542,33 @@ struct pool_resource::impl {
     bool moved = false;
     for (std::uint32_t i = 1; i < slots.size(); ++i) {
       auto& s = slots[i];
-      if (s.free_blocks == 0) continue;
-      if (!s.event_pending) {
-        s.event = streams->record(s.stream);
-        s.event_seq = free_seq;
-        s.event_pending = true;
+      // Waiting, a second round covers what was freed after a pending event
+      // was recorded: after it the slot holds nothing.
+      for (int round = 0; round < (wait ? 2 : 1); ++round) {
+        if (s.free_blocks == 0) break;
+        if (!s.event_pending) {
+          s.event = streams->record(s.stream);
+          s.event_seq = free_seq;
+          s.event_pending = true;
+        }
+        if (wait)
+          streams->wait(s.event);
+        else if (!streams->done(s.event))
+          break;
+        streams->release(s.event);
+        s.event_pending = false;
+        std::vector<block*> take;
+        for (auto* idx : {&s.backed[0], &s.backed[1], &s.hollow[0], &s.hollow[1]})
+          idx->for_each([&](block* b) {
+            if (b->seq <= s.event_seq) take.push_back(b);
+          });
+        for (block* b : take) {
+          remove_free(b);
+          make_free(b, 0, b->seq);
+          moved = true;
+        }
+        ctr.stream_reclaims += take.size();
       }
-      if (wait)
-        streams->wait(s.event);
-      else if (!streams->done(s.event))
-        continue;
-      streams->release(s.event);
-      s.event_pending = false;
-      std::vector<block*> take;
-      for (auto* idx : {&s.backed[0], &s.backed[1], &s.hollow[0], &s.hollow[1]})
-        idx->for_each([&](block* b) {
-          if (b->seq <= s.event_seq) take.push_back(b);
-        });
-      for (block* b : take) {
-        remove_free(b);
-        make_free(b, 0, b->seq);
-        moved = true;
-      }
-      ctr.stream_reclaims += take.size();
     }
     return moved;
   }
@@ -596,23 +614,6 @@ struct pool_resource::impl {
     std::size_t n = 0;
     for (std::size_t p = lo; p < hi; ++p) n += !a->mapped(p);
     return n;
-  }
-
-  // The highest mapped page in [lo, hi], or lo when none is (a word at a time).
-  static std::size_t last_mapped_page(const detail::arena* a, std::size_t lo, std::size_t hi) {
-    std::size_t p = hi + 1;
-    while (p > lo) {
-      std::size_t w = (p - 1) >> 6;
-      std::uint64_t bits = a->mapped_bits[w];
-      std::size_t top = (p - 1) & 63;
-      bits &= top == 63 ? ~std::uint64_t{0} : ((std::uint64_t{1} << (top + 1)) - 1);
-      if (bits) {
-        std::size_t q = (w << 6) + 63 - static_cast<std::size_t>(std::countl_zero(bits));
-        return q >= lo ? q : lo;
-      }
-      p = w << 6;
-    }
-    return lo;
   }
 
   // The free block with unmapped pages, and the place inside it, where a block
@@ -714,7 +715,8 @@ struct pool_resource::impl {
     }
     // Split first, so the remainder's mapped pages can be remapped under the
     // new block instead of growing. The remainder keeps b's slot.
-    if (b->size - size >= opt.alignment) {
+    const bool split = b->size - size >= opt.alignment;
+    if (split) {
       block* r = blocks.make();
       r->addr = b->addr + size;
       r->size = b->size - size;
@@ -729,18 +731,27 @@ struct pool_resource::impl {
       insert_free(r, from);
     }
     if (un_l) {
+      // On failure b is free again, where it came from. While pages were
+      // being found, the remainder cut off above may have been handed to the
+      // shared slot (its stream's work was done; b was freed at the same
+      // time): then b goes there too, so the page they share is inside one
+      // free block again.
+      auto put_back = [&] {
+        b->unmapped = un_l;
+        std::uint32_t to = from;
+        if (split && b->next && b->next->state == block::free_state && b->next->slot != from) to = b->next->slot;
+        make_free(b, to, b->seq);
+      };
       bool ok = false;
       std::size_t newly = 0;
       try {
         ok = back(a, b->addr, size, live_bytes + size, slot, newly);
       } catch (...) {
-        b->unmapped = un_l;
-        make_free(b, from, b->seq);
+        put_back();
         throw;
       }
       if (!ok) {
-        b->unmapped = un_l;
-        make_free(b, from, b->seq);
+        put_back();
         return nullptr;
       }
     }
