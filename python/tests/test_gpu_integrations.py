@@ -11,10 +11,6 @@ Children print one JSON line of measurements; failures show it.
 from __future__ import annotations
 
 import gc
-import importlib.util
-import json
-import os
-import subprocess
 import sys
 import textwrap
 import zlib
@@ -25,44 +21,17 @@ import pytest
 import vramkit
 from vramkit import _vramkit
 
-ON_GPU = vramkit.backend() == "cuda"
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not ON_GPU, reason=f"needs a CUDA GPU (vramkit backend is {vramkit.backend()!r}: "
-                                          f"{_vramkit.cuda_unavailable_reason() or 'VRAMKIT_BACKEND=host'})"),
-]
+from gpu_child import GPU_MARKS, ON_GPU, have, needs, run_json, show
+
+pytestmark = GPU_MARKS
 
 MiB = 1 << 20
 GiB = 1 << 30
 
 
-def have(*modules: str) -> bool:
-    return all(importlib.util.find_spec(m) is not None for m in modules)
-
-
-def needs(*modules: str):
-    missing = [m for m in modules if importlib.util.find_spec(m) is None]
-    return pytest.mark.skipif(bool(missing), reason=f"needs {', '.join(missing)} (not installed)")
-
-
 def child(code: str, *, env: dict | None = None, timeout: float = 300) -> dict:
     """Runs code in a fresh interpreter; returns the last JSON object it printed."""
-    e = dict(os.environ)
-    e.setdefault("PYTHONUNBUFFERED", "1")
-    e.setdefault("HF_HUB_OFFLINE", "1")
-    e.setdefault("TRANSFORMERS_OFFLINE", "1")
-    e.update(env or {})
-    p = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
-                       env=e, timeout=timeout)
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
-    if p.returncode != 0 or not lines:
-        pytest.fail(f"child process failed (rc {p.returncode})\n--- stdout (tail) ---\n{p.stdout[-6000:]}"
-                    f"\n--- stderr (tail) ---\n{p.stderr[-6000:]}", pytrace=False)
-    return json.loads(lines[-1])
-
-
-def show(d: dict) -> str:
-    return json.dumps(d, indent=1, sort_keys=True, default=str)
+    return run_json([sys.executable, "-c", textwrap.dedent(code)], env=env, timeout=timeout)
 
 
 # ============================================================ (1) resource conformance on the device

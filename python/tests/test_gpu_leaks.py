@@ -11,33 +11,21 @@ compute-sanitizer has to start the process. Children print one JSON line; failur
 """
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import re
 import shutil
-import subprocess
 import sys
 import textwrap
 
 import pytest
 
 import vramkit
-from vramkit import _vramkit
 
-ON_GPU = vramkit.backend() == "cuda"
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not ON_GPU, reason=f"needs a CUDA GPU (vramkit backend is {vramkit.backend()!r}: "
-                                          f"{_vramkit.cuda_unavailable_reason() or 'VRAMKIT_BACKEND=host'})"),
-]
+from gpu_child import GPU_MARKS, ON_GPU, needs, run, run_json, show
+
+pytestmark = GPU_MARKS
 
 MiB = 1 << 20
-
-
-def needs(*modules: str):
-    missing = [m for m in modules if importlib.util.find_spec(m) is None]
-    return pytest.mark.skipif(bool(missing), reason=f"needs {', '.join(missing)} (not installed)")
 
 
 def script(tmp_path, name: str, code: str) -> tuple[str, str]:
@@ -56,25 +44,9 @@ def line_of(path: str, text: str, marker: str) -> str:
     return f"{path}:{hits[0]}"
 
 
-def run(cmd: list[str], *, timeout: float = 300, env: dict | None = None) -> subprocess.CompletedProcess:
-    e = dict(os.environ)
-    e.setdefault("PYTHONUNBUFFERED", "1")
-    e.update(env or {})
-    return subprocess.run(cmd, capture_output=True, text=True, env=e, timeout=timeout)
-
-
 def child(path: str, *args: str, timeout: float = 300) -> dict:
     """Runs the script in a fresh interpreter; returns the last JSON object it printed."""
-    p = run([sys.executable, path, *args], timeout=timeout)
-    lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
-    if p.returncode != 0 or not lines:
-        pytest.fail(f"child process failed (rc {p.returncode})\n--- stdout (tail) ---\n{p.stdout[-6000:]}"
-                    f"\n--- stderr (tail) ---\n{p.stderr[-6000:]}", pytrace=False)
-    return json.loads(lines[-1])
-
-
-def show(d: dict) -> str:
-    return json.dumps(d, indent=1, sort_keys=True, default=str)
+    return run_json([sys.executable, path, *args], timeout=timeout)
 
 
 # ============================================================ (1) a leak in a PyTorch training loop
