@@ -348,7 +348,8 @@ struct pool_resource::impl {
   // Gets n physical pages for a block that will hold `need_live` live bytes.
   // Only pages of blocks whose stream work is known complete (the shared
   // slot) are remapped without waiting; the requester's own stream is waited
-  // for only when the device is otherwise full.
+  // for only when the device is otherwise full (or, with wait_to_remap,
+  // before growing past the slack).
   bool acquire(std::size_t n, std::size_t need_live, std::uint32_t slot, std::vector<page_handle>& out) {
     out.clear();
     try {
@@ -363,6 +364,15 @@ struct pool_resource::impl {
 
   bool acquire_some(std::size_t n, std::size_t need_live, std::uint32_t slot, std::vector<page_handle>& out) {
     bool reclaimed = false, waited = false;
+    // Pages of the requester's own free blocks, once its stream's queued work is done.
+    auto wait_and_steal_own = [&] {
+      if (!opt.remap || slot == 0 || !slots[slot].steal_head) return false;
+      if (!waited) {
+        streams->wait_for_stream(slots[slot].stream);
+        waited = true;
+      }
+      return steal(slot, n - out.size(), out) > 0;
+    };
     while (out.size() < n) {
       if (!spare_handles.empty()) {
         out.push_back(spare_handles.back());
@@ -382,26 +392,14 @@ struct pool_resource::impl {
           if (reclaim_streams(false)) continue;
         }
       }
-      if (opt.remap && opt.wait_to_remap && slot != 0 && slots[slot].steal_head) {
-        if (!waited) {
-          streams->wait_for_stream(slots[slot].stream);
-          waited = true;
-        }
-        if (steal(slot, n - out.size(), out)) continue;
-      }
+      if (opt.wait_to_remap && wait_and_steal_own()) continue;  // rather than grow
       if (reserved + page <= limit) {
         if (page_handle h = create_page()) {
           out.push_back(h);
           continue;
         }
       }
-      if (opt.remap && slot != 0 && slots[slot].steal_head) {
-        if (!waited) {
-          streams->wait_for_stream(slots[slot].stream);
-          waited = true;
-        }
-        if (steal(slot, n - out.size(), out)) continue;
-      }
+      if (wait_and_steal_own()) continue;  // the device is full otherwise
       spare_handles.insert(spare_handles.end(), out.begin(), out.end());
       out.clear();
       return false;
