@@ -331,14 +331,17 @@ class SafeUnpickler:
         def op_frozenset() -> None:
             s._push(frozenset(s._pop_mark()))
 
+        def memo_index(width: int) -> int:
+            # GET/PUT carry the memo key as a text line; BINGET/BINPUT as one byte; LONG_BIN* as four.
+            if width == 0:
+                return int(s._readline())
+            if width == 1:
+                return s._read(1)[0]
+            return _UNPACK_UI(s._read(4))[0]
+
         def get_n(width: int) -> Callable[[], None]:
             def f() -> None:
-                if width == 0:
-                    idx = int(s._readline())
-                elif width == 1:
-                    idx = s._read(1)[0]
-                else:
-                    idx = _UNPACK_UI(s._read(4))[0]
+                idx = memo_index(width)
                 if idx not in s._memo:
                     raise ValueError(f"memo key {idx} was never stored")
                 s._push(s._memo[idx])
@@ -346,12 +349,7 @@ class SafeUnpickler:
 
         def put_n(width: int) -> Callable[[], None]:
             def f() -> None:
-                if width == 0:
-                    idx = int(s._readline())
-                elif width == 1:
-                    idx = s._read(1)[0]
-                else:
-                    idx = _UNPACK_UI(s._read(4))[0]
+                idx = memo_index(width)
                 if idx < 0:
                     raise ValueError("negative memo key")
                 s._memo[idx] = s._stack[-1]
