@@ -9,6 +9,18 @@
 #include "vramkit/platform/host_page_device.hpp"
 #include "vramkit/trace/replay.hpp"
 
+// (diagnostic) VKLAG=L: a GPU L operations behind the host; an event recorded
+// at operation i completes at operation i + L (or when waited for).
+struct lag_streams : vramkit::stream_ops {
+  std::size_t now = 0, lag = 0, caught_up = 0, waits = 0;
+  std::vector<std::size_t> at{0};
+  vramkit::event_id record(vramkit::stream_t) override { at.push_back(now); return at.size() - 1; }
+  bool done(vramkit::event_id e) override { return at[e] + lag <= now || at[e] <= caught_up; }
+  void wait(vramkit::event_id e) override { if (!done(e)) { ++waits; caught_up = now; } }
+  void release(vramkit::event_id) noexcept override {}
+  void synchronize_device() override { caught_up = now; }
+};
+
 int main(int argc, char** argv) {
   std::vector<vramkit::trace_op> ops;
   unsigned long long op, id, size, st;
@@ -23,7 +35,32 @@ int main(int argc, char** argv) {
   vramkit::pool_options o;
   if (argc > 1) o.parse(argv[1]);
   auto dev = std::make_shared<vramkit::host_page_device>();
-  vramkit::pool_resource pool(dev, nullptr, o);
+  auto lag = std::make_shared<lag_streams>();
+  lag->lag = std::getenv("VKLAG") ? std::strtoull(std::getenv("VKLAG"), nullptr, 10) : 0;
+  vramkit::pool_resource pool(dev, lag, o);
+  if (std::getenv("VKLAG")) {
+    std::vector<void*> ptr(ops.size(), nullptr);
+    int passes = std::getenv("VKPASSES") ? std::atoi(std::getenv("VKPASSES")) : 4;
+    std::size_t live = 0, peak_live = 0;
+    for (int pass = 0; pass < passes; ++pass)
+      for (auto& t : ops) {
+        ++lag->now;
+        if (t.action == 0) {
+          ptr[t.id] = pool.allocate(t.size, t.stream);
+          live += t.size;
+          peak_live = std::max(peak_live, live);
+        } else {
+          live -= pool.allocation_size(ptr[t.id]);
+          pool.deallocate(ptr[t.id], 0, t.stream);
+        }
+      }
+    auto c = pool.counters();
+    std::printf("lag %zu: peak_reserved/peak_live %.4f waits %zu remapped %zu reclaims %zu\n",
+                lag->lag, double(pool.state().peak_reserved_bytes) / double(peak_live), lag->waits, c.pages_remapped,
+                c.stream_reclaims);
+    pool.check_invariants();
+    return 0;
+  }
   if (std::getenv("VKDIAG")) {
     std::vector<void*> ptr(ops.size(), nullptr);
     std::size_t peak = 0, live = 0;
