@@ -57,6 +57,53 @@ class faulty_device final : public page_device {
   long calls_ = 0;
 };
 
+// Records which physical page sits behind every mapped address (a page may
+// be mapped at several), and counts pages destroyed while still mapped.
+class mapping_recorder final : public page_device {
+ public:
+  explicit mapping_recorder(std::shared_ptr<page_device> inner) : in_(std::move(inner)) {}
+  std::size_t granularity() const noexcept override { return in_->granularity(); }
+  std::size_t capacity() const noexcept override { return in_->capacity(); }
+  std::size_t created_bytes() const noexcept override { return in_->created_bytes(); }
+  std::uintptr_t reserve(std::size_t b) override { return in_->reserve(b); }
+  void unreserve(std::uintptr_t va, std::size_t b) noexcept override { in_->unreserve(va, b); }
+  page_handle create() override { return in_->create(); }
+  void destroy(page_handle h) noexcept override {
+    if (mapped_at.count(h) && !mapped_at[h].empty()) ++destroyed_while_mapped;
+    mapped_at.erase(h);
+    in_->destroy(h);
+  }
+  void map(std::uintptr_t va, const page_handle* h, std::size_t n) override {
+    in_->map(va, h, n);
+    const std::size_t g = granularity();
+    for (std::size_t i = 0; i < n; ++i) {
+      if (at.count(va + i * g)) ++mapped_over;
+      at[va + i * g] = h[i];
+      mapped_at[h[i]].push_back(va + i * g);
+    }
+  }
+  void unmap(std::uintptr_t va, std::size_t n) noexcept override {
+    const std::size_t g = granularity();
+    for (std::size_t i = 0; i < n; ++i) {
+      auto it = at.find(va + i * g);
+      if (it == at.end()) continue;
+      auto& v = mapped_at[it->second];
+      v.erase(std::find(v.begin(), v.end(), va + i * g));
+      at.erase(it);
+    }
+    in_->unmap(va, n);
+  }
+  int device() const noexcept override { return 0; }
+  std::string name() const override { return "recorder"; }
+  device_properties properties() const override { return in_->properties(); }
+  std::map<std::uintptr_t, page_handle> at;
+  std::map<page_handle, std::vector<std::uintptr_t>> mapped_at;
+  long destroyed_while_mapped = 0, mapped_over = 0;
+
+ private:
+  std::shared_ptr<page_device> in_;
+};
+
 struct live_block {
   std::size_t size;
   stream_t stream;
@@ -349,7 +396,7 @@ TEST(pool_property, streams_lagging_behind_with_faults_never_share_pending_memor
     void synchronize_device() override { std::copy(queued, queued + 8, completed); }
   };
   struct use {
-    std::uintptr_t lo, hi;
+    std::uintptr_t lo, hi;  // addresses, or byte offsets inside a physical page
     stream_t s;
     std::size_t pos;
   };
@@ -358,22 +405,36 @@ TEST(pool_property, streams_lagging_behind_with_faults_never_share_pending_memor
     std::size_t n;
     stream_t s;
   };
+  for (bool defer : {false, true})
   for (int nstreams : {1, 3})
     for (std::uint64_t seed = 1; seed <= 6; ++seed) {
       auto inner = std::make_shared<host_page_device>(512 * MiB);
-      auto dev = std::make_shared<faulty_device>(inner, 7);
+      auto rec = std::make_shared<mapping_recorder>(inner);
+      auto dev = std::make_shared<faulty_device>(rec, 7);
+      const std::size_t pg = inner->granularity();
+      std::map<page_handle, std::vector<use>> page_uses;  // byte ranges of each physical page in use
       auto ev = std::make_shared<lagging_streams>();
       std::mt19937_64 rng(seed * 31 + static_cast<std::uint64_t>(nstreams));
       auto rnd = [&](std::size_t n) { return static_cast<std::size_t>(rng() % n); };
       pool_options o;
       if (rnd(2)) o.release_threshold = 64 * MiB;
       o.wait_to_remap = rnd(4) == 0;
+      o.defer_unmap = defer;
       std::vector<use> uses;
       std::vector<held> live;
       long races = 0;
       {
         pool_resource pool(dev, ev, o);
-        auto mark_use = [&](std::uintptr_t p, std::size_t n, stream_t s) { uses.push_back({p, p + n, s, ++ev->queued[s]}); };
+        auto pending = [&](const use& u) { return ev->completed[u.s] < u.pos; };
+        auto mark_use = [&](std::uintptr_t p, std::size_t n, stream_t s) {
+          std::size_t pos = ++ev->queued[s];
+          uses.push_back({p, p + n, s, pos});
+          for (std::uintptr_t v = p / pg * pg; v < p + n; v += pg) {
+            auto& pu = page_uses[rec->at.at(v)];
+            pu.push_back({std::max(p, v) - v, std::min(p + n, v + pg) - v, s, pos});
+          }
+        };
+        long phys_races = 0;
         for (int it = 0; it < 4000; ++it) {
           int op = static_cast<int>(rnd(100));
           stream_t s = 1 + rnd(static_cast<std::size_t>(nstreams));
@@ -388,7 +449,13 @@ TEST(pool_property, streams_lagging_behind_with_faults_never_share_pending_memor
             if (p) {
               auto a = reinterpret_cast<std::uintptr_t>(p);
               for (auto& u : uses)
-                if (u.s != s && ev->completed[u.s] < u.pos && u.lo < a + n && a < u.hi) ++races;
+                if (u.s != s && pending(u) && u.lo < a + n && a < u.hi) ++races;
+              // The same bytes of physical memory, through any address.
+              for (std::uintptr_t v = a / pg * pg; v < a + n; v += pg) {
+                std::size_t lo = std::max(a, v) - v, hi = std::min(a + n, v + pg) - v;
+                for (auto& u : page_uses[rec->at.at(v)])
+                  if (u.s != s && pending(u) && u.lo < hi && lo < u.hi) ++phys_races;
+              }
               live.push_back({a, n, s});
               mark_use(a, n, s);
             }
@@ -419,11 +486,22 @@ TEST(pool_property, streams_lagging_behind_with_faults_never_share_pending_memor
           if (uses.size() > 4096) {
             std::vector<use> keep;
             for (auto& u : uses)
-              if (ev->completed[u.s] < u.pos) keep.push_back(u);
+              if (pending(u)) keep.push_back(u);
             uses.swap(keep);
+            for (auto& [h, pu] : page_uses) {
+              std::vector<use> k2;
+              for (auto& u : pu)
+                if (pending(u)) k2.push_back(u);
+              pu.swap(k2);
+            }
           }
         }
         EXPECT_EQ(races, 0) << "handed out memory that another stream's pending work uses (seed " << seed << ")";
+        EXPECT_EQ(phys_races, 0) << "handed out physical memory another stream's pending work uses through "
+                                    "another address (seed " << seed << ", defer_unmap " << defer << ")";
+        EXPECT_EQ(rec->mapped_over, 0) << "mapped over a mapped address";
+        EXPECT_EQ(rec->destroyed_while_mapped, 0) << "destroyed a page still mapped (seed " << seed << ")";
+        if (defer && nstreams == 1 && seed == 1) EXPECT_GT(pool.counters().pages_deferred, 0u);
         if (seed % 2) {  // half the runs end with memory still cached and events pending
           for (auto& b : live) pool.deallocate_checked(reinterpret_cast<void*>(b.p), 0, b.s);
           pool.release_cached();
@@ -432,6 +510,53 @@ TEST(pool_property, streams_lagging_behind_with_faults_never_share_pending_memor
       }
       EXPECT_EQ(ev->outstanding, 0) << "events recorded and never released (seed " << seed << ")";
     }
+}
+
+// defer_unmap: a page moved from a stream's own free block keeps its old
+// address mapped while that stream's queued work may use it. Such a page must
+// never back memory another stream can get: here a small block that covers
+// only part of its page (the rest of the page is free for any stream).
+TEST(pool, deferred_pages_never_back_a_page_other_streams_share) {
+  struct never_done : stream_ops {
+    event_id record(stream_t) override { return 1; }
+    bool done(event_id) override { return false; }
+    void wait(event_id) override {}
+    void release(event_id) noexcept override {}
+    void synchronize_device() override {}
+  };
+  auto inner = std::make_shared<host_page_device>(GiB);
+  auto rec = std::make_shared<mapping_recorder>(inner);
+  pool_options o;
+  o.defer_unmap = true;
+  o.growth_slack = 0;
+  pool_resource pool(rec, std::make_shared<never_done>(), o);
+  const stream_t s = 0x10, t = 0x20;
+  const std::size_t pg = inner->granularity();
+  void* x1 = pool.allocate(24 * MiB, s);
+  void* y = pool.allocate(2 * MiB, s);  // keeps x1 and x2 apart
+  void* x2 = pool.allocate(8 * MiB, s);
+  pool.deallocate_checked(x1, 0, s);  // their work on s is still queued
+  pool.deallocate_checked(x2, 0, s);
+  void* big = pool.allocate(28 * MiB, s);  // fits neither: their pages move here at once
+  EXPECT_GT(pool.counters().pages_deferred, 0u) << "the own stream's pages were not moved";
+  void* small = pool.allocate(512 * 1024, s);  // a fresh page in the small arena, shared below
+  void* other = pool.allocate(512 * 1024, t);  // same page, another stream
+  for (void* p : {small, other}) {
+    auto v = reinterpret_cast<std::uintptr_t>(p) / pg * pg;
+    page_handle h = rec->at.at(v);
+    EXPECT_EQ(rec->mapped_at[h].size(), 1u) << "a page other streams can reach is still mapped at an address "
+                                               "with pending work";
+  }
+  // Every page of the big block is mapped (also the moved ones).
+  for (std::uintptr_t v = reinterpret_cast<std::uintptr_t>(big) / pg * pg;
+       v < reinterpret_cast<std::uintptr_t>(big) + 28 * MiB; v += pg)
+    EXPECT_TRUE(rec->at.count(v));
+  pool.check_invariants();
+  for (void* p : {big, small, other, y}) pool.deallocate_checked(p, 0, p == other ? t : s);
+  pool.release_cached();
+  pool.check_invariants();
+  EXPECT_EQ(rec->destroyed_while_mapped, 0);
+  EXPECT_EQ(inner->created_bytes(), 0u);
 }
 
 TEST(pool, eight_threads_stress) {

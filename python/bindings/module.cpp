@@ -173,6 +173,8 @@ NB_MODULE(_vramkit, m) {
             d["segments_allocated"] = c.segments_allocated;
             d["segments_freed"] = c.segments_freed;
             d["stream_reclaims"] = c.stream_reclaims;
+            d["pages_deferred"] = c.pages_deferred;
+            d["deferred_waits"] = c.deferred_waits;
             d["page_size"] = p->page_size();
             d["options"] = p->options().to_string();
             return d;

@@ -33,6 +33,11 @@ struct pool_options {
   // work so that pages it freed can be remapped (trades a short stall of the
   // host for less reserved memory when the GPU runs behind it).
   bool wait_to_remap = false;
+  // Pages the requesting stream itself freed serve its request at once,
+  // without waiting for its queued work: later work on a stream runs after
+  // earlier work. Only their old addresses stay mapped until an event on the
+  // stream completes. (Experimental: not yet measured on a GPU.)
+  bool defer_unmap = false;
   // Virtual address space reserved per arena, as a multiple of the capacity.
   double va_factor = 2.0;
 

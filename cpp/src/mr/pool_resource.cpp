@@ -27,8 +27,18 @@ struct detail::arena {
   // Paged only: the physical page behind each page of the range (0 = none).
   std::vector<page_handle> handles;
   std::vector<std::uint64_t> mapped_bits;
+  // defer_unmap: pages moved away while work queued before their free may
+  // still use this address; physically still mapped here, logically not.
+  std::vector<std::uint64_t> zombie_bits;
 
   bool mapped(std::size_t p) const { return mapped_bits[p >> 6] >> (p & 63) & 1; }
+  bool zombie(std::size_t p) const { return zombie_bits[p >> 6] >> (p & 63) & 1; }
+  void set_zombie(std::size_t p, bool on) {
+    if (on)
+      zombie_bits[p >> 6] |= std::uint64_t{1} << (p & 63);
+    else
+      zombie_bits[p >> 6] &= ~(std::uint64_t{1} << (p & 63));
+  }
   void set_mapped(std::size_t p, bool on) {
     if (on)
       mapped_bits[p >> 6] |= std::uint64_t{1} << (p & 63);
@@ -71,6 +81,14 @@ struct pool_resource::impl {
   detail::ptr_map<block*> live;
   std::vector<block*> pending;
   std::vector<page_handle> spare_handles;  // created, mapped nowhere
+  // defer_unmap: old addresses of pages moved from the requesting stream's
+  // own free blocks, unmapped once the event recorded at the move completes.
+  struct deferred_unmap {
+    detail::arena* a;
+    std::size_t first, count;
+    event_id ev;
+  };
+  std::vector<deferred_unmap> deferred;
   detail::block_pool blocks;
 
   std::size_t live_bytes = 0;
@@ -109,6 +127,7 @@ struct pool_resource::impl {
       std::size_t np = va / page;
       a->handles.assign(np, 0);
       a->mapped_bits.assign((np + 63) / 64, 0);
+      a->zombie_bits.assign((np + 63) / 64, 0);
       block* b = blocks.make();
       b->addr = a->base;
       b->size = va;
@@ -129,6 +148,12 @@ struct pool_resource::impl {
   }
 
   ~impl() {
+    // Old addresses still waiting: unmapped without waiting (nothing may run
+    // on memory of a pool being destroyed), their events given back.
+    for (auto& d : deferred) {
+      pages->unmap(d.a->base + d.first * page, d.count);
+      streams->release(d.ev);
+    }
     for (auto& s : slots)
       if (s.event_pending) streams->release(s.event);
     for (block* b : pending)
@@ -304,7 +329,7 @@ struct pool_resource::impl {
   // Unmaps up to `want` mapped pages wholly inside a stealable free
   // block of `slot` (one contiguous run, from its high end, in one call) and
   // appends their physical pages to out. Returns how many it took.
-  std::size_t steal(std::uint32_t slot, std::size_t want, std::vector<page_handle>& out) {
+  std::size_t steal(std::uint32_t slot, std::size_t want, std::vector<page_handle>& out, bool defer = false) {
     auto& s = slots[slot];
     block* b = s.steal_head;
     if (!b || want == 0) return 0;
@@ -329,13 +354,19 @@ struct pool_resource::impl {
     std::size_t first = p;
     while (first > lo && a->mapped(first - 1) && p + 1 - first < want) --first;
     std::size_t k = p + 1 - first;
-    pages->unmap(a->base + first * page, k);
+    if (defer) {
+      deferred.push_back({a, first, k, streams->record(s.stream)});
+      for (std::size_t q = first; q <= p; ++q) a->set_zombie(q, true);
+      ctr.pages_deferred += k;
+    } else {
+      pages->unmap(a->base + first * page, k);
+      ctr.pages_unmapped += k;
+    }
     for (std::size_t q = first; q <= p; ++q) {
       out.push_back(a->handles[q]);
       a->handles[q] = 0;
       a->set_mapped(q, false);
     }
-    ctr.pages_unmapped += k;
     ctr.pages_remapped += k;
     (b->hollow ? s.hollow : s.backed)[b->ar->small].remove(b);
     b->unmapped += k;
@@ -345,24 +376,83 @@ struct pool_resource::impl {
     return k;
   }
 
+  void finish_deferred(std::size_t i) {
+    deferred_unmap d = deferred[i];
+    pages->unmap(d.a->base + d.first * page, d.count);
+    for (std::size_t q = d.first; q < d.first + d.count; ++q) d.a->set_zombie(q, false);
+    ctr.pages_unmapped += d.count;
+    streams->release(d.ev);
+    deferred[i] = deferred.back();
+    deferred.pop_back();
+  }
+
+  // Unmaps the old addresses whose stream work is done.
+  void flush_deferred() {
+    for (std::size_t i = 0; i < deferred.size();)
+      if (streams->done(deferred[i].ev))
+        finish_deferred(i);
+      else
+        ++i;
+  }
+
+  // Before pages are mapped in [p0, p1] of arena a: old mappings there go
+  // first, after their stream's work (waiting for it if need be).
+  void clear_zombies(detail::arena* a, std::size_t p0, std::size_t p1) {
+    for (std::size_t i = 0; i < deferred.size();) {
+      deferred_unmap& d = deferred[i];
+      if (d.a != a || d.first > p1 || d.first + d.count <= p0) {
+        ++i;
+        continue;
+      }
+      if (!streams->done(d.ev)) {
+        streams->wait(d.ev);
+        ++ctr.deferred_waits;
+      }
+      finish_deferred(i);
+    }
+  }
+
+  // Pages moved since entry `mark` are about to become spares (a request
+  // failed): their old addresses go first, so that a spare is mapped nowhere.
+  void settle_deferred(std::size_t mark) noexcept {
+    while (deferred.size() > mark) {
+      try {
+        if (!streams->done(deferred.back().ev)) streams->wait(deferred.back().ev);
+      } catch (...) {
+      }
+      finish_deferred(deferred.size() - 1);
+    }
+  }
+
   // Gets n physical pages for a block that will hold `need_live` live bytes.
+  // The first `clean` of them are never pages moved with their old address
+  // still mapped (defer_unmap): they go where the block shares a page with
+  // its neighbours, which other streams may reach.
   // Only pages of blocks whose stream work is known complete (the shared
   // slot) are remapped without waiting; the requester's own stream is waited
   // for only when the device is otherwise full (or, with wait_to_remap,
   // before growing past the slack).
-  bool acquire(std::size_t n, std::size_t need_live, std::uint32_t slot, std::vector<page_handle>& out) {
+  bool acquire(std::size_t n, std::size_t need_live, std::uint32_t slot, std::vector<page_handle>& out,
+               std::size_t clean = 0) {
     out.clear();
+    std::size_t mark = deferred.size();
     try {
-      return acquire_some(n, need_live, slot, out);
+      if (acquire_some(n, need_live, slot, out, clean)) return true;
     } catch (...) {
       // Pages taken so far stay with the pool as spares: nothing leaks.
+      settle_deferred(mark);
       spare_handles.insert(spare_handles.end(), out.begin(), out.end());
       out.clear();
       throw;
     }
+    settle_deferred(mark);
+    spare_handles.insert(spare_handles.end(), out.begin(), out.end());
+    out.clear();
+    return false;
   }
 
-  bool acquire_some(std::size_t n, std::size_t need_live, std::uint32_t slot, std::vector<page_handle>& out) {
+  bool acquire_some(std::size_t n, std::size_t need_live, std::uint32_t slot, std::vector<page_handle>& out,
+                    std::size_t clean) {
     bool reclaimed = false, waited = false;
     // Pages of the requester's own free blocks, once its stream's queued work is done.
     auto wait_and_steal_own = [&] {
@@ -392,6 +482,12 @@ struct pool_resource::impl {
           if (reclaim_streams(false)) continue;
         }
       }
+      // defer_unmap: the requester's own stream freed these; its later work
+      // runs after the work that used them, so they can serve it at once, and
+      // only their old addresses wait to be unmapped.
+      if (opt.remap && opt.defer_unmap && slot != 0 && out.size() >= clean && slots[slot].steal_head &&
+          steal(slot, n - out.size(), out, true))
+        continue;
       if (opt.wait_to_remap && wait_and_steal_own()) continue;  // rather than grow
       if (reserved + page <= limit) {
         if (page_handle h = create_page()) {
@@ -400,9 +496,7 @@ struct pool_resource::impl {
         }
       }
       if (wait_and_steal_own()) continue;  // the device is full otherwise
-      spare_handles.insert(spare_handles.end(), out.begin(), out.end());
-      out.clear();
-      return false;
+      return false;  // acquire() puts what was taken back
     }
     return true;
   }
@@ -415,8 +509,27 @@ struct pool_resource::impl {
     for (std::size_t p = p0; p <= p1; ++p) n += !a->mapped(p);
     newly = n;
     if (n == 0) return true;
-    thread_local std::vector<page_handle> hs;
-    if (!acquire(n, need_live, slot, hs)) return false;
+    if (!deferred.empty()) {
+      flush_deferred();
+      clear_zombies(a, p0, p1);
+    }
+    // Pages the block shares with its neighbours (partly covered) get clean pages.
+    auto inside = [&](std::size_t p) {
+      return a->base + p * page >= addr && a->base + (p + 1) * page <= addr + size;
+    };
+    const bool edge0 = !inside(p0) && !a->mapped(p0);
+    const bool edge1 = p1 != p0 && !inside(p1) && !a->mapped(p1);
+    const std::size_t clean = std::size_t{edge0} + std::size_t{edge1};
+    thread_local std::vector<page_handle> got, hs;
+    std::size_t mark = deferred.size();
+    if (!acquire(n, need_live, slot, got, clean)) return false;
+    // In page order: the clean ones at the edges, the rest in between.
+    hs.clear();
+    {
+      std::size_t c = 0, r = clean;
+      for (std::size_t p = p0; p <= p1; ++p)
+        if (!a->mapped(p)) hs.push_back(((p == p0 && edge0) || (p == p1 && edge1)) ? got[c++] : got[r++]);
+    }
     std::size_t k = 0;
     std::size_t p = p0;
     try {
@@ -449,6 +562,7 @@ struct pool_resource::impl {
         }
       for (std::size_t q = p0; q <= p1; ++q)
         if (!a->mapped(q)) a->handles[q] = 0;
+      settle_deferred(mark);
       spare_handles.insert(spare_handles.end(), hs.begin(), hs.end());
       throw;
     }
@@ -588,6 +702,7 @@ struct pool_resource::impl {
       if (block* b = try_place(size, small, slot, stream)) return finish(b, bytes, stream);
     if (!pending.empty()) process_pending(true);
     reclaim_streams(true);
+    settle_deferred(0);
     if (!upstream) {
       for (auto h : spare_handles) {
         pages->destroy(h);
@@ -824,6 +939,7 @@ struct pool_resource::impl {
   void trim_to(std::size_t target) {
     auto cached = [&] { return reserved > live_bytes ? reserved - live_bytes : 0; };
     if (cached() <= target) return;
+    if (!deferred.empty()) flush_deferred();  // pages are destroyed only once mapped nowhere else
     if (upstream) {
       release_free_segments();
       return;
@@ -855,6 +971,7 @@ struct pool_resource::impl {
     std::lock_guard<std::mutex> lk(mu);
     process_pending(true);
     reclaim_streams(true);
+    settle_deferred(0);
     trim_to(0);
   }
 
@@ -883,7 +1000,7 @@ struct pool_resource::impl {
 void pool_resource::impl::check() const {
   std::lock_guard<std::mutex> lk(mu);
   auto fail = [](const std::string& what) { throw error("pool invariant broken: " + what); };
-  std::size_t live_sum = 0, live_n = 0, mapped_pages = 0;
+  std::size_t live_sum = 0, live_n = 0, mapped_pages = 0, zombie_pages = 0;
   for (auto* a : arenas) {
     std::uintptr_t at = a->base;
     const block* prev = nullptr;
@@ -926,6 +1043,8 @@ void pool_resource::impl::check() const {
     if (a->paged)
       for (std::size_t p = 0; p < a->handles.size(); ++p) {
         if (a->mapped(p) != (a->handles[p] != 0)) fail("page map and handles disagree");
+        if (a->zombie(p) && a->mapped(p)) fail("a page waiting to be unmapped is also in use");
+        zombie_pages += a->zombie(p);
         mapped_pages += a->mapped(p);
       }
   }
@@ -934,6 +1053,9 @@ void pool_resource::impl::check() const {
   std::size_t pend = 0;
   for (auto* b : pending) pend += b->size;
   if (pend != pending_bytes) fail("pending bytes do not add up");
+  std::size_t deferred_pages = 0;
+  for (auto& d : deferred) deferred_pages += d.count;
+  if (zombie_pages != deferred_pages) fail("pages waiting to be unmapped do not match their list");
   if (!upstream && (mapped_pages + spare_handles.size()) * page != reserved)
     fail("reserved != mapped + spare pages");
 }

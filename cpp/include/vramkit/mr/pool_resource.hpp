@@ -27,6 +27,8 @@ struct pool_counters {
   std::size_t segments_allocated = 0;
   std::size_t segments_freed = 0;
   std::size_t stream_reclaims = 0;  // free blocks handed from one stream to all
+  std::size_t pages_deferred = 0;   // defer_unmap: pages moved with their old address kept mapped
+  std::size_t deferred_waits = 0;   // defer_unmap: old addresses needed before their work was done
 };
 
 struct block_info {
