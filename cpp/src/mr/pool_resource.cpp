@@ -356,6 +356,9 @@ struct pool_resource::impl {
     std::size_t k = p + 1 - first;
     if (defer) {
       deferred.push_back({a, first, k, streams->record(s.stream)});
+      // The block keeps the pages' old addresses: it reaches other streams
+      // only through an event recorded after this one, when they are gone.
+      b->seq = ++free_seq;
       for (std::size_t q = first; q <= p; ++q) a->set_zombie(q, true);
       ctr.pages_deferred += k;
     } else {
@@ -729,6 +732,13 @@ struct pool_resource::impl {
     return n;
   }
 
+  // What mapping page p for a new block costs: nothing if mapped, one page if
+  // not, more if its old mapping still waits for a stream (defer_unmap:
+  // placing there may mean waiting for the GPU).
+  static std::size_t page_cost(const detail::arena* a, std::size_t p) {
+    return a->mapped(p) ? 0 : a->zombie(p) ? 4 : 1;
+  }
+
   // The free block with unmapped pages, and the place inside it, where a block
   // of `size` needs the fewest new pages (a rare path: every hollow candidate
   // of the two slots is looked at).
@@ -756,7 +766,7 @@ struct pool_resource::impl {
         std::size_t p0, p1;
         pages_of(b->addr, p0, p1);
         std::size_t c = 0;
-        for (std::size_t p = p0; p <= p1; ++p) c += !a->mapped(p);
+        for (std::size_t p = p0; p <= p1; ++p) c += page_cost(a, p);
         consider(b->addr, c);
         // At each page boundary inside, sliding the window one page at a time,
         // up to the last mapped page (past it every place costs the whole window).
@@ -768,15 +778,15 @@ struct pool_resource::impl {
         std::size_t last_mapped = last_mapped_page(a, p0, hi_page);
         pages_of(x, p0, p1);
         c = 0;
-        for (std::size_t p = p0; p <= p1; ++p) c += !a->mapped(p);
+        for (std::size_t p = p0; p <= p1; ++p) c += page_cost(a, p);
         while (true) {
           consider(x, c);
           if (best_cost == 0 || x + page > last_start || p0 > last_mapped) break;
-          c -= !a->mapped(p0);
+          c -= page_cost(a, p0);
           x += page;
           std::size_t q0, q1;
           pages_of(x, q0, q1);
-          for (std::size_t p = p1 + 1; p <= q1; ++p) c += !a->mapped(p);
+          for (std::size_t p = p1 + 1; p <= q1; ++p) c += page_cost(a, p);
           p0 = q0;
           p1 = q1;
         }
@@ -939,7 +949,6 @@ struct pool_resource::impl {
   void trim_to(std::size_t target) {
     auto cached = [&] { return reserved > live_bytes ? reserved - live_bytes : 0; };
     if (cached() <= target) return;
-    if (!deferred.empty()) flush_deferred();  // pages are destroyed only once mapped nowhere else
     if (upstream) {
       release_free_segments();
       return;
@@ -953,6 +962,9 @@ struct pool_resource::impl {
     }
     spare_handles.clear();
     reclaim_streams(false);
+    // Pages are destroyed only once mapped nowhere else: what reached the
+    // shared slot has its old addresses' work done, so they go first.
+    if (!deferred.empty()) flush_deferred();
     std::vector<page_handle> hs;
     while (cached() > target) {
       hs.clear();
