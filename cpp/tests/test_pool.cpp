@@ -559,6 +559,53 @@ TEST(pool, deferred_pages_never_back_a_page_other_streams_share) {
   EXPECT_EQ(inner->created_bytes(), 0u);
 }
 
+// defer_unmap: a request on another stream never waits for this stream's
+// queued work. Here stream s's free block gives its pages to s's next
+// request after an older event on s was recorded; when that older event
+// completes, the block (whose old addresses still wait) must not reach t.
+TEST(pool, deferred_old_addresses_never_make_another_stream_wait) {
+  struct queues : stream_ops {
+    std::size_t queued[4] = {}, completed[4] = {};
+    int waits_by_other = 0;
+    stream_t current = 0;
+    static std::size_t pos(event_id e) { return e & ((event_id{1} << 40) - 1); }
+    event_id record(stream_t s) override { return (static_cast<event_id>(s) << 40) | ++queued[s]; }
+    bool done(event_id e) override { return completed[e >> 40] >= pos(e); }
+    void wait(event_id e) override {
+      if ((e >> 40) != current && completed[e >> 40] < pos(e)) ++waits_by_other;
+      completed[e >> 40] = std::max(completed[e >> 40], pos(e));
+    }
+    void release(event_id) noexcept override {}
+    void synchronize_device() override {}
+  };
+  auto ev = std::make_shared<queues>();
+  pool_options o;
+  o.defer_unmap = true;
+  pool_resource pool(std::make_shared<host_page_device>(GiB), ev, o);
+  const stream_t s = 1, t = 2;
+  ev->current = s;
+  void* x = pool.allocate(20 * MiB, s);
+  ev->queued[s] += 100;
+  pool.deallocate_checked(x, 0, s);  // s's work on it is still queued
+  ev->current = t;
+  void* t1 = pool.allocate(2 * MiB, t);  // records an event on s (not done)
+  std::size_t older = ev->queued[s];
+  ev->queued[s] += 300;
+  ev->current = s;
+  void* y = pool.allocate(30 * MiB, s);  // takes x's pages at once
+  EXPECT_GT(pool.counters().pages_deferred, 0u);
+  ev->queued[s] += 100;
+  ev->completed[s] = older;  // the GPU reaches the older event only
+  ev->current = t;
+  void* t2 = pool.allocate(4 * MiB, t);
+  EXPECT_EQ(ev->waits_by_other, 0) << "stream t waited for stream s's queued work";
+  pool.check_invariants();
+  for (void* p : {t1, t2}) pool.deallocate_checked(p, 0, t);
+  pool.deallocate_checked(y, 0, s);
+  pool.release_cached();
+  pool.check_invariants();
+}
+
 TEST(pool, eight_threads_stress) {
   auto dev = std::make_shared<host_page_device>(32 * GiB);
   auto pool = std::make_shared<pool_resource>(dev, nullptr);
