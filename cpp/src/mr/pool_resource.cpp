@@ -768,6 +768,20 @@ struct pool_resource::impl {
         std::size_t c = 0;
         for (std::size_t p = p0; p <= p1; ++p) c += page_cost(a, p);
         consider(b->addr, c);
+        // Against the block that follows (the gap's far end), when that needs
+        // fewer new pages: the block then shares that neighbour's partly used
+        // page instead of leaving a gap in it.
+        if (b->next && b->size > size) {
+          std::uintptr_t e = b->addr + b->size - size;
+          std::size_t q0, q1, ce = 0;
+          pages_of(e, q0, q1);
+          for (std::size_t p = q0; p <= q1; ++p) ce += page_cost(a, p);
+          if (ce < best_cost) {
+            best = b;
+            best_cost = ce;
+            at = e;
+          }
+        }
         // At each page boundary inside, sliding the window one page at a time,
         // up to the last mapped page (past it every place costs the whole window).
         std::uintptr_t last_start = b->addr + b->size - size;
@@ -812,7 +826,8 @@ struct pool_resource::impl {
     std::uint32_t from = b->slot;
     remove_free(b);
     detail::arena* a = b->ar;
-    if (at > b->addr) {
+    const bool split_left = at > b->addr;
+    if (split_left) {
       // Placed inside the free block: the part before it stays free.
       block* l = blocks.make();
       l->addr = b->addr;
@@ -855,14 +870,17 @@ struct pool_resource::impl {
     }
     if (un_l) {
       // On failure b is free again, where it came from. While pages were
-      // being found, the remainder cut off above may have been handed to the
-      // shared slot (its stream's work was done; b was freed at the same
-      // time): then b goes there too, so the page they share is inside one
-      // free block again.
+      // being found, a part cut off above (after it, or before it when the
+      // two share a page) may have been handed to the shared slot (its
+      // stream's work was done; b was freed at the same time): then b goes
+      // there too, so the page they share is inside one free block again.
       auto put_back = [&] {
         b->unmapped = un_l;
         std::uint32_t to = from;
-        if (split && b->next && b->next->state == block::free_state && b->next->slot != from) to = b->next->slot;
+        if (split && b->next && b->next->state == block::free_state && b->next->slot != from)
+          to = b->next->slot;
+        else if (split_left && b->prev && b->prev->state == block::free_state && b->prev->slot != from)
+          to = b->prev->slot;  // (only one side can share a page: see best_hollow)
         make_free(b, to, b->seq);
       };
       bool ok = false;
