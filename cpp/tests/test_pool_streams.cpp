@@ -1,0 +1,258 @@
+// The pool's stream safety under a model of a GPU: every stream is a queue
+// whose completed position the test advances at random (also while the pool
+// queries an event), upstream calls fail now and then, and a fake page device
+// records every address each physical page is mapped at. After every operation
+// the pool's invariants must hold, and at all times:
+//  - no block handed to stream s overlaps bytes that another stream's pending
+//    work uses, through its own address or through any other address of the
+//    same physical page;
+//  - no address is unmapped while pending work uses it, and none is mapped twice;
+//  - no page is destroyed while still mapped; every event is released.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <random>
+#include <set>
+#include <unordered_map>
+#include <vector>
+
+#include "vramkit/mr/pool_resource.hpp"
+
+using namespace vramkit;
+
+namespace {
+
+constexpr std::size_t PG = std::size_t{2} << 20, MiB = std::size_t{1} << 20;
+
+struct world {
+  std::mt19937_64 rng;
+  int nstreams = 3, progress = 0, fault_every = 0;
+  std::size_t queued[8] = {}, completed[8] = {};
+  long calls = 0, events_out = 0;
+  // What went wrong.
+  long va_races = 0, byte_races = 0, unmap_races = 0, map_over = 0, bad_unmaps = 0, destroyed_mapped = 0;
+
+  struct use {
+    std::uintptr_t lo, hi;  // addresses, or byte offsets inside one physical page
+    stream_t s;
+    std::size_t pos;
+  };
+  std::vector<use> uses;
+  std::unordered_map<page_handle, std::vector<use>> page_uses;
+  std::map<std::uintptr_t, page_handle> at;  // address of a page -> physical page
+  std::unordered_map<page_handle, std::set<std::uintptr_t>> where;
+
+  bool pending(const use& u) const { return completed[u.s] < u.pos; }
+  std::size_t rnd(std::size_t n) { return static_cast<std::size_t>(rng() % n); }
+  void advance(stream_t s) { completed[s] = std::max(completed[s], queued[s] - std::min(queued[s], rnd(6))); }
+
+  void mark_use(std::uintptr_t p, std::size_t n, stream_t s) {
+    std::size_t pos = ++queued[s];
+    uses.push_back({p, p + n, s, pos});
+    for (std::uintptr_t v = p / PG * PG; v < p + n; v += PG)
+      page_uses[at.at(v)].push_back({std::max(p, v) - v, std::min(p + n, v + PG) - v, s, pos});
+  }
+  void check_block(std::uintptr_t a, std::size_t n, stream_t s) {
+    for (auto& u : uses)
+      if (u.s != s && pending(u) && u.lo < a + n && a < u.hi) ++va_races;
+    for (std::uintptr_t v = a / PG * PG; v < a + n; v += PG) {
+      std::size_t lo = std::max(a, v) - v, hi = std::min(a + n, v + PG) - v;
+      for (auto& u : page_uses[at.at(v)])
+        if (u.s != s && pending(u) && u.lo < hi && lo < u.hi) ++byte_races;
+    }
+  }
+  void prune() {
+    if (uses.size() < 4096) return;
+    auto keep = [&](std::vector<use>& v) { v.erase(std::remove_if(v.begin(), v.end(), [&](const use& u) { return !pending(u); }), v.end()); };
+    keep(uses);
+    for (auto& [h, v] : page_uses) keep(v);
+  }
+};
+
+class model_device final : public page_device {
+ public:
+  explicit model_device(world& w, std::size_t cap) : w_(w), cap_(cap) {}
+  std::size_t granularity() const noexcept override { return PG; }
+  std::size_t capacity() const noexcept override { return cap_; }
+  std::size_t created_bytes() const noexcept override { return created_ * PG; }
+  std::uintptr_t reserve(std::size_t b) override {
+    std::uintptr_t v = next_va_;
+    next_va_ += b + 64 * PG;
+    return v;
+  }
+  void unreserve(std::uintptr_t, std::size_t) noexcept override {}
+  page_handle create() override {
+    if (w_.fault_every && ++w_.calls % w_.fault_every == 0) {
+      if (w_.calls % 2) throw cuda_error("injected create failure", 2);
+      return 0;
+    }
+    if ((created_ + 1) * PG > cap_) return 0;
+    ++created_;
+    return next_handle_++;
+  }
+  void destroy(page_handle h) noexcept override {
+    if (!w_.where[h].empty()) ++w_.destroyed_mapped;
+    --created_;
+    w_.page_uses.erase(h);
+  }
+  void map(std::uintptr_t va, const page_handle* hs, std::size_t n) override {
+    if (w_.fault_every && ++w_.calls % w_.fault_every == 0) throw cuda_error("injected map failure", 3);
+    for (std::size_t i = 0; i < n; ++i) {
+      std::uintptr_t v = va + i * PG;
+      if (w_.at.count(v)) ++w_.map_over;
+      w_.at[v] = hs[i];
+      w_.where[hs[i]].insert(v);
+    }
+  }
+  void unmap(std::uintptr_t va, std::size_t n) noexcept override {
+    for (std::size_t i = 0; i < n; ++i) {
+      std::uintptr_t v = va + i * PG;
+      auto it = w_.at.find(v);
+      if (it == w_.at.end()) {
+        ++w_.bad_unmaps;
+        continue;
+      }
+      for (auto& u : w_.uses)
+        if (w_.pending(u) && u.lo < v + PG && v < u.hi) {
+          ++w_.unmap_races;
+          break;
+        }
+      w_.where[it->second].erase(v);
+      w_.at.erase(it);
+    }
+  }
+  int device() const noexcept override { return 0; }
+  std::string name() const override { return "model"; }
+  device_properties properties() const override { return {}; }
+  std::size_t created() const { return created_; }
+
+ private:
+  world& w_;
+  std::size_t cap_, created_ = 0;
+  page_handle next_handle_ = 1;
+  std::uintptr_t next_va_ = std::uintptr_t{1} << 40;
+};
+
+class model_streams final : public stream_ops {
+ public:
+  explicit model_streams(world& w) : w_(w) {}
+  static std::size_t pos(event_id e) { return e & ((event_id{1} << 40) - 1); }
+  event_id record(stream_t s) override {
+    ++w_.events_out;
+    return (static_cast<event_id>(s) << 40) | ++w_.queued[s];
+  }
+  bool done(event_id e) override {
+    if (w_.progress && w_.rnd(static_cast<std::size_t>(w_.progress)) == 0)
+      w_.advance(1 + w_.rnd(static_cast<std::size_t>(w_.nstreams)));  // the GPU moves on between queries
+    return w_.completed[e >> 40] >= pos(e);
+  }
+  void wait(event_id e) override { w_.completed[e >> 40] = std::max(w_.completed[e >> 40], pos(e)); }
+  void release(event_id) noexcept override { --w_.events_out; }
+  void synchronize_device() override { std::copy(w_.queued, w_.queued + 8, w_.completed); }
+
+ private:
+  world& w_;
+};
+
+struct config {
+  int nstreams, progress, fault_every;
+  bool defer;
+  double growth_slack;
+};
+
+void run(const config& c, std::uint64_t seed, int iters) {
+  world w;
+  w.rng.seed(seed);
+  w.nstreams = c.nstreams;
+  w.progress = c.progress;
+  w.fault_every = c.fault_every;
+  auto dev = std::make_shared<model_device>(w, 384 * MiB);
+  pool_options o;
+  if (w.rnd(2)) o.release_threshold = 64 * MiB;
+  o.wait_to_remap = w.rnd(4) == 0;
+  o.defer_unmap = c.defer;
+  o.growth_slack = c.growth_slack;
+  struct held {
+    std::uintptr_t p;
+    std::size_t n;
+    stream_t s;
+  };
+  std::vector<held> live;
+  {
+    pool_resource pool(dev, std::make_shared<model_streams>(w), o);
+    auto stream = [&] { return static_cast<stream_t>(1 + w.rnd(static_cast<std::size_t>(c.nstreams))); };
+    for (int it = 0; it < iters; ++it) {
+      int op = static_cast<int>(w.rnd(100));
+      if (op < 40) {
+        stream_t s = stream();
+        std::size_t n = w.rnd(3) ? 1 + w.rnd(3 * MiB) : 1 + w.rnd(48 * MiB);
+        void* p = nullptr;
+        try {
+          p = pool.allocate(n, s);
+        } catch (const out_of_memory&) {
+        } catch (const cuda_error&) {
+        }
+        if (p) {
+          auto a = reinterpret_cast<std::uintptr_t>(p);
+          w.check_block(a, n, s);
+          live.push_back({a, n, s});
+          w.mark_use(a, n, s);
+        }
+      } else if (op < 55 && !live.empty()) {
+        auto& b = live[w.rnd(live.size())];
+        w.mark_use(b.p, b.n, b.s);
+      } else if (op < 60 && !live.empty()) {
+        auto& b = live[w.rnd(live.size())];
+        stream_t t = stream();
+        pool.record_stream(reinterpret_cast<void*>(b.p), t);
+        w.mark_use(b.p, b.n, t);
+      } else if (op < 90 && !live.empty()) {
+        std::size_t i = w.rnd(live.size());
+        held b = live[i];
+        live[i] = live.back();
+        live.pop_back();
+        stream_t f = w.rnd(5) == 0 ? stream() : b.s;  // sometimes freed on another stream
+        w.mark_use(b.p, b.n, f);
+        pool.deallocate_checked(reinterpret_cast<void*>(b.p), 0, f);
+      } else if (op < 98) {
+        w.advance(stream());
+      } else if (op < 99) {
+        pool.release_cached();
+      } else {
+        pool.set_reserve_limit(w.rnd(2) ? 0 : 256 * MiB);
+      }
+      ASSERT_NO_THROW(pool.check_invariants()) << "step " << it;
+      w.prune();
+    }
+    for (auto& b : live) pool.deallocate_checked(reinterpret_cast<void*>(b.p), 0, b.s);
+    // A program destroys a pool only after its work is done (the destructor does not wait).
+    std::copy(w.queued, w.queued + 8, w.completed);
+  }
+  EXPECT_EQ(w.va_races, 0) << "a block overlapped memory another stream's pending work uses";
+  EXPECT_EQ(w.byte_races, 0) << "a block shared physical bytes with another stream's pending work";
+  EXPECT_EQ(w.unmap_races, 0) << "an address was unmapped while pending work used it";
+  EXPECT_EQ(w.map_over, 0) << "an address was mapped twice";
+  EXPECT_EQ(w.bad_unmaps, 0) << "an address was unmapped that was not mapped";
+  EXPECT_EQ(w.destroyed_mapped, 0) << "a page was destroyed while still mapped";
+  EXPECT_EQ(w.events_out, 0) << "events recorded and never released";
+  EXPECT_TRUE(w.at.empty()) << "addresses still mapped after the pool is gone";
+  EXPECT_EQ(dev->created(), 0u) << "pages left after the pool is gone";
+}
+
+}  // namespace
+
+TEST(pool_streams, lagging_gpu_queues_faults_and_physical_pages) {
+  const config configs[] = {
+      {3, 0, 0, false, 0.02}, {1, 0, 23, false, 0.02}, {3, 2, 7, false, 0.02}, {2, 0, 7, false, 0.0},
+      {3, 0, 0, true, 0.02},  {1, 0, 23, true, 0.02},  {3, 2, 7, true, 0.02},  {2, 3, 7, true, 0.0},
+  };
+  for (const config& c : configs)
+    for (std::uint64_t seed = 1; seed <= 6; ++seed) {
+      SCOPED_TRACE(testing::Message() << "streams " << c.nstreams << ", progress " << c.progress << ", faults every "
+                                      << c.fault_every << ", defer_unmap " << c.defer << ", growth_slack "
+                                      << c.growth_slack << ", seed " << seed);
+      run(c, seed, 10000);
+      if (HasFatalFailure()) return;
+    }
+}
