@@ -373,7 +373,8 @@ def test_exporter_scrape_under_5_ms(fake):
     assert median < 0.005, f"median scrape {median * 1e3:.2f} ms"
 
 
-def test_exporter_command_serves_and_stops_on_sigint(fake):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_exporter_command_serves_and_stops_on_a_signal(fake, sig):
     p = subprocess.Popen([sys.executable, "-m", "vramkit", "exporter", "--port", "0"], stderr=subprocess.PIPE,
                          stdout=subprocess.DEVNULL, text=True)
     try:
@@ -384,7 +385,7 @@ def test_exporter_command_serves_and_stops_on_sigint(fake):
         fams = parse_exposition(text)
         assert fams["DCGM_FI_DEV_FB_USED"]["samples"][0][1] == 10 * 1024
         assert not any(n.startswith("vramkit_memory_") for n in fams)  # no allocator in a standalone exporter
-        p.send_signal(signal.SIGINT)
+        p.send_signal(sig)
         assert p.wait(timeout=10) == 0
     finally:
         if p.poll() is None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 import threading
 import time
@@ -335,14 +336,24 @@ def run(args: argparse.Namespace) -> int:
         print(f"{PROG}: cannot listen on {args.address}:{args.port}: {getattr(e, 'strerror', None) or e}",
               file=sys.stderr)
         return 1
-    n = snapper.monitor.device_count()
-    print(f"{PROG}: serving {exp.url} ({snapper.backend}, {n} GPU(s)); Ctrl-C stops", file=sys.stderr, flush=True)
+    # SIGINT (Ctrl-C) and SIGTERM (a cluster stopping the pod) end the loop; the handlers are in
+    # place before the "serving" line, so a signal right after it still stops cleanly.
+    stop = threading.Event()
+    previous = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            previous[sig] = signal.signal(sig, lambda signum, frame: stop.set())
     try:
-        while True:
-            time.sleep(3600)
+        n = snapper.monitor.device_count()
+        print(f"{PROG}: serving {exp.url} ({snapper.backend}, {n} GPU(s)); Ctrl-C stops", file=sys.stderr,
+              flush=True)
+        while not stop.wait(3600):
+            pass
     except KeyboardInterrupt:
         pass
     finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
         exp.stop()
     return 0
 
