@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterable, Iterator
 
 from . import NvmlUnavailableError, Snapshotter, format_size, open_monitor
+from .._axis import nice_step
 
 __all__ = ["CSV_COLUMNS", "snapshot_rows", "allocator_rows", "Sampler", "Recording", "DeviceSeries",
            "ProcessSeries", "AllocatorSeries", "load_recording", "recording_section_html", "ticks"]
@@ -387,22 +388,11 @@ _W, _H = 760, 240
 _ML, _MR, _MT, _MB = 64, 12, 10, 30
 
 
-def _nice(span: float, target: int = 5) -> float:
-    if span <= 0:
-        return 1.0
-    raw = span / target
-    mag = 10 ** math.floor(math.log10(raw))
-    for m in (1, 2, 2.5, 5, 10):
-        if raw <= m * mag:
-            return m * mag
-    return 10 * mag
-
-
 def _byte_ticks(vmax: float) -> tuple[float, float, str]:
     """(step, unit, unit name) for a byte axis up to vmax."""
     for unit, name in ((1 << 40, "TiB"), (1 << 30, "GiB"), (1 << 20, "MiB"), (1 << 10, "KiB"), (1, "B")):
         if vmax >= unit or unit == 1:
-            return _nice(vmax / unit) * unit, unit, name
+            return nice_step(vmax / unit) * unit, unit, name
     return 1.0, 1, "B"
 
 
@@ -438,7 +428,7 @@ def _chart(title: str, duration: float, series: list[tuple[str, str, list[float]
     step, unit, uname = _byte_ticks(vmax * 1.05)
     ymax = math.ceil(vmax * 1.05 / step) * step
     xmax = duration if duration > 0 else 1.0
-    xstep = _nice(xmax, 6)
+    xstep = nice_step(xmax, 6)
     pw, ph = _W - _ML - _MR, _H - _MT - _MB
 
     def X(x: float) -> float:

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..trace.model import Trace
 from .assets import CSS, JS
+from .._axis import nice_step
 
 __all__ = ["render_report", "build_report_html", "analyze_peak_state", "format_bytes", "SECTION_TITLES"]
 
@@ -100,17 +101,6 @@ def _slug(text: str, used: set[str]) -> str:
     return slug
 
 
-def _nice_step(span: float, target: int = 5) -> float:
-    if span <= 0:
-        return 1.0
-    raw = span / target
-    mag = 10 ** math.floor(math.log10(raw))
-    for m in (1, 2, 2.5, 5, 10):
-        if m * mag >= raw:
-            return m * mag
-    return 10 * mag
-
-
 def _byte_axis(vmax: float) -> tuple[float, str, list[float]]:
     """(unit bytes, unit name, tick values in bytes) for an axis from 0 to ``vmax`` bytes."""
     vmax = max(float(vmax), 1.0)
@@ -120,7 +110,7 @@ def _byte_axis(vmax: float) -> tuple[float, str, list[float]]:
     if u > 0 and vmax / (1024 ** u) < 1:
         u -= 1
     unit = float(1024 ** u)
-    step = _nice_step(vmax / unit)
+    step = nice_step(vmax / unit)
     top = math.ceil(vmax / unit / step - 1e-9) * step
     ticks = [i * step * unit for i in range(int(round(top / step)) + 1)]
     return unit, _UNITS[u], ticks
@@ -275,7 +265,7 @@ def _timeline_svg(spec: dict[str, Any], peak_idx: int, peak_live: int) -> str:
         out.append(f'<line class="grid" x1="{L}" x2="{L + pw}" y1="{y:.1f}" y2="{y:.1f}"/>')
         out.append(f'<text x="{L - 8}" y="{y + 4:.1f}" text-anchor="end">{_e(_tick_label(t, unit, uname))}</text>')
     n_ops = spec["n_ops"]
-    xstep = _nice_step(n_ops, 8)
+    xstep = nice_step(n_ops, 8)
     v = 0.0
     while v <= n_ops:
         x = L + pw * v / n_ops
@@ -324,7 +314,7 @@ def _bars_svg(labels: list[str], values: list[int], tips: list[str], as_bytes: b
         unit, uname, ticks = _byte_axis(vmax)
         fmt = lambda v: _tick_label(v, unit, uname)  # noqa: E731
     else:
-        step = max(1.0, _nice_step(max(vmax, 1), 4))
+        step = max(1.0, nice_step(max(vmax, 1), 4))
         step = float(math.ceil(step))
         ticks = [i * step for i in range(int(math.ceil(max(vmax, 1) / step)) + 1)]
         fmt = lambda v: f"{v:,.0f}"  # noqa: E731
