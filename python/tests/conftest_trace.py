@@ -32,7 +32,9 @@ def import_vramkit_pure() -> types.ModuleType:
     When ``vramkit/__init__.py`` cannot import (the compiled extension is not built here), a bare
     package object pointing at the source folder stands in for it.
     """
-    if str(PYTHON_DIR) not in sys.path:
+    # The installed package first: putting the source folder ahead of it would shadow its
+    # compiled extension. The source folder only serves when nothing is installed.
+    if importlib.util.find_spec("vramkit") is None and str(PYTHON_DIR) not in sys.path:
         sys.path.insert(0, str(PYTHON_DIR))
     try:
         importlib.import_module("vramkit")
