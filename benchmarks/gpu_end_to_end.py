@@ -106,7 +106,7 @@ def tracking_summary(tracker, hook_calls0: int) -> dict:
     return out
 
 
-def child(model_name: str, alloc: str, warmup: int, steps: int, seq: int) -> dict:
+def child(model_name: str, alloc: str, warmup: int, steps: int, seq: int, snapshot: str = "") -> dict:
     if alloc not in ALLOCATORS:
         raise SystemExit(f"unknown allocator {alloc!r} ({', '.join(ALLOCATORS)})")
     tracking = None
@@ -126,6 +126,12 @@ def child(model_name: str, alloc: str, warmup: int, steps: int, seq: int) -> dic
     # allocators cannot answer: off for both allocators so the comparison is fair.
     torch.backends.cudnn.benchmark = False
     torch.manual_seed(0)
+    if snapshot:
+        # PyTorch's allocation history from the first allocation on, without stacks: a
+        # whole-run trace that `vramkit replay` reads (recording slows the steps down).
+        if alloc != "default":
+            raise SystemExit("--snapshot records PyTorch's own allocator's history: use it with 'default'")
+        torch.cuda.memory._record_memory_history(max_entries=1_000_000, context=None, stacks="python")
     res = {"model": model_name, "allocator": alloc, "torch": torch.__version__,
            "device": torch.cuda.get_device_name(0), "warmup": warmup, "steps": steps}
     try:
@@ -159,6 +165,10 @@ def child(model_name: str, alloc: str, warmup: int, steps: int, seq: int) -> dic
         res["oom"] = str(e).splitlines()[0][:300]
         print(json.dumps(res), flush=True)
         return res
+    if snapshot:
+        torch.cuda.memory._dump_snapshot(snapshot)
+        torch.cuda.memory._record_memory_history(enabled=None)
+        res["snapshot"] = snapshot
     if tracking is not None:
         res["tracking"] = tracking_summary(tracking[1], hook_calls0)
         _tracking.release(tracking[0])  # the statistics below read the pool's own adaptor
@@ -185,6 +195,8 @@ def run_child(model: str, alloc: str, a) -> dict:
     while True:
         cmd = [sys.executable, os.path.abspath(__file__), "--child", model, alloc,
                "--warmup", str(a.warmup), "--steps", str(a.steps), "--seq", str(seq)]
+        if a.snapshot:
+            cmd += ["--snapshot", os.path.join(a.snapshot, f"{model}-{alloc}.pickle")]
         env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
         t0 = time.perf_counter()
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=a.timeout)
@@ -213,15 +225,25 @@ def main() -> int:
     ap.add_argument("--seq", type=int, default=1024, help="GPT-2 sequence length to try first")
     ap.add_argument("--timeout", type=float, default=200, help="seconds per child process")
     ap.add_argument("--out", help="append one JSON line per run to this file")
+    ap.add_argument("--repeat", type=int, default=1,
+                    help="run every (model, allocator) pair this many times, interleaved; the summary "
+                         "compares the medians over runs")
+    ap.add_argument("--snapshot", metavar="DIR",
+                    help="record PyTorch's allocation history of the 'default' runs into "
+                         "DIR/MODEL-default.pickle (slows them: their step times do not compare)")
     a = ap.parse_args()
     if a.child:
-        r = child(a.child[0], a.child[1], a.warmup, a.steps, a.seq)
+        r = child(a.child[0], a.child[1], a.warmup, a.steps, a.seq, a.snapshot or "")
         return 0 if "oom" not in r else 3
 
     stamp = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    if a.repeat < 1:
+        ap.error("--repeat must be at least 1")
+    if a.snapshot:
+        os.makedirs(a.snapshot, exist_ok=True)
     rows = []
     for model in a.models.split(","):
-        for alloc in a.allocators.split(","):
+        for alloc in [x for _ in range(a.repeat) for x in a.allocators.split(",")]:
             r = run_child(model, alloc, a)
             r["date"] = stamp
             rows.append(r)
@@ -246,7 +268,16 @@ def main() -> int:
         print(f"| {r['model']} | {r['allocator']} | {shape} | {r['median_ms']:.1f} | {r['min_ms']:.1f} | "
               f"{r['first_step_ms']:.0f} | {fmt_mib(r['peak_reserved'])} | {fmt_mib(r['peak_allocated'])} | "
               f"{ratio:.3f} |")
-    by = {(r["model"], r["allocator"]): r for r in rows if "median_ms" in r}
+    by = {}
+    for r in rows:
+        if "median_ms" in r:
+            by.setdefault((r["model"], r["allocator"]), []).append(r)
+    # Over repeated runs: the median of the runs' median step times and peaks.
+    by = {k: {"median_ms": statistics.median(x["median_ms"] for x in v),
+              "peak_reserved": statistics.median(x["peak_reserved"] for x in v),
+              "tracking": v[-1].get("tracking", {}), "runs": len(v)} for k, v in by.items()}
+    if a.repeat > 1:
+        print(f"(summary below: medians over {a.repeat} runs of each pair)")
     for model in a.models.split(","):
         d, v, t = by.get((model, "default")), by.get((model, "vramkit")), by.get((model, "vramkit-tracking"))
         if d and v:
