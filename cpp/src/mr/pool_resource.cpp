@@ -739,12 +739,19 @@ struct pool_resource::impl {
     return a->mapped(p) ? 0 : a->zombie(p) ? 4 : 1;
   }
 
+  // Free blocks the requester of `slot` may take together with its own: its
+  // stream's and the shared slot's (adjacent free blocks of one slot are
+  // always merged, so a run alternates between the two).
+  static bool runs_with(const block* x, std::uint32_t slot) {
+    return x && x->state == block::free_state && (x->slot == slot || x->slot == 0);
+  }
+
   // The free block with unmapped pages, and the place inside it, where a block
   // of `size` needs the fewest new pages (a rare path: every hollow candidate
   // of the two slots is looked at).
-  block* best_hollow(std::size_t size, bool small, std::uint32_t slot, std::uintptr_t& at) {
+  block* best_hollow(std::size_t size, bool small, std::uint32_t slot, std::uintptr_t& at, std::size_t& best_cost) {
     block* best = nullptr;
-    std::size_t best_cost = ~std::size_t{0};
+    best_cost = ~std::size_t{0};
     const std::uint32_t order[2] = {slot, 0};
     const int n = slot == 0 ? 1 : 2;
     for (int i = 0; i < n; ++i) {
@@ -809,6 +816,131 @@ struct pool_resource::impl {
     return best;
   }
 
+  // When every place inside one free block needs new pages: places reaching
+  // from a hollow block into the free blocks next to it that the requester
+  // may also use (its own stream's and shared ones, see runs_with), at the
+  // start and at the end of such a run. A block at the edge of mapped memory
+  // then takes the free pages below the edge instead of only fresh ones past
+  // it. Returns a block of the run, with `at`, when cheaper than `best_cost`.
+  block* best_run(std::size_t size, bool small, std::uint32_t slot, std::uintptr_t& at, std::size_t best_cost) {
+    block* best = nullptr;
+    if (slot == 0) return nullptr;
+    const std::uint32_t order[2] = {slot, 0};
+    for (std::uint32_t sl : order) {
+      slots[sl].hollow[small].for_each([&](block* b) {
+        if (best_cost == 0) return;
+        const bool before = runs_with(b->prev, slot), past = runs_with(b->next, slot);
+        if (!before && !past) return;
+        std::uintptr_t lo = b->addr, hi = b->addr + b->size;
+        for (const block* x = b->prev; runs_with(x, slot); x = x->prev) lo = x->addr;
+        const block* after = b->next;
+        while (runs_with(after, slot)) {
+          hi = after->addr + after->size;
+          after = after->next;
+        }
+        if (hi - lo < size) return;
+        const detail::arena* a = b->ar;
+        auto cost_at = [&](std::uintptr_t x) {
+          std::size_t c = 0;
+          for (std::size_t p = (x - a->base) / page, e = (x + size - 1 - a->base) / page; p <= e; ++p)
+            c += page_cost(a, p);
+          return c;
+        };
+        for (std::uintptr_t x : {lo, hi - size}) {
+          std::size_t c = cost_at(x);
+          if (c < best_cost) {
+            best = b;
+            best_cost = c;
+            at = x;
+          }
+        }
+      });
+    }
+    return best;
+  }
+
+  // Cuts [at, at+size) out of the run of free blocks around b that the
+  // requester of `slot` may take (see runs_with), for a place best_run found
+  // reaching past b: the pieces inside become one free block of `slot`, the
+  // parts outside stay free where they were (their slots unchanged).
+  block* carve_run(block* b, std::uintptr_t at, std::size_t size, std::uint32_t slot) {
+    block* f = b;  // the block holding `at`: before b, in b or after it
+    while (f->addr > at) f = f->prev;
+    while (f->addr + f->size <= at) f = f->next;
+    block* l = f;
+    while (l->addr + l->size < at + size) l = l->next;
+    for (block* x = f;; x = x->next) {
+      remove_free(x);
+      if (x == l) break;
+    }
+    detail::arena* a = b->ar;
+    auto cut = [&](block* x, std::uintptr_t c) {  // x keeps [addr, c); returns [c, end)
+      block* r = blocks.make();
+      r->addr = c;
+      r->size = x->addr + x->size - c;
+      r->ar = a;
+      r->prev = x;
+      r->next = x->next;
+      if (x->next) x->next->prev = r;
+      x->next = r;
+      x->size = c - x->addr;
+      r->seq = x->seq;
+      r->slot = x->slot;
+      r->state = block::free_state;
+      return r;
+    };
+    block* left = nullptr;
+    block* right = nullptr;
+    if (f->addr < at) {
+      left = f;
+      f = cut(f, at);
+      if (l == left) l = f;
+    }
+    if (l->addr + l->size > at + size) right = cut(l, at + size);
+    block* m = f;
+    while (m != l) {
+      block* nx = m->next;
+      m->size += nx->size;
+      m->seq = std::max(m->seq, nx->seq);
+      m->next = nx->next;
+      if (nx->next) nx->next->prev = m;
+      if (nx == l) l = m;
+      blocks.recycle(nx);
+    }
+    for (block* x : {left, right, m}) {
+      if (!x) continue;
+      x->unmapped = unmapped_inside(a, x->addr, x->size);
+      insert_free(x, x == m ? slot : x->slot);
+    }
+    return m;
+  }
+
+  // A carved place could not be backed: it and the run around it become one
+  // free block of the requester (edges that shared an unmapped page with it
+  // are inside again).
+  void uncarve(block* b, std::uint32_t slot) {
+    block* first = b;
+    while (runs_with(first->prev, slot)) first = first->prev;
+    block* last = b;
+    while (runs_with(last->next, slot)) last = last->next;
+    for (block* x = first;; x = x->next) {
+      if (x != b) remove_free(x);
+      if (x == last) break;
+    }
+    block* m = first;
+    while (m != last) {
+      block* nx = m->next;
+      m->size += nx->size;
+      m->seq = std::max(m->seq, nx->seq);
+      m->next = nx->next;
+      if (nx->next) nx->next->prev = m;
+      if (nx == last) last = m;
+      blocks.recycle(nx);
+    }
+    m->unmapped = unmapped_inside(m->ar, m->addr, m->size);
+    insert_free(m, slot);
+  }
+
   block* try_place(std::size_t size, bool small, std::uint32_t slot, stream_t stream) {
     block* b = find_fit(size, small, slot, false);
     // Before taking fresh pages, let other streams' finished frees serve.
@@ -817,12 +949,23 @@ struct pool_resource::impl {
     if (!b) b = find_fit_exhaustive(size, small, slot);
     // Hollow space: where the fewest pages must be mapped.
     std::uintptr_t at = 0;
-    if (!b) b = upstream ? find_fit(size, small, slot, true) : best_hollow(size, small, slot, at);
+    if (!b && upstream) b = find_fit(size, small, slot, true);
+    if (!b && !upstream) {
+      std::size_t cost = 0;
+      b = best_hollow(size, small, slot, at, cost);
+      if (cost > 0)
+        if (block* r = best_run(size, small, slot, at, b ? cost : ~std::size_t{0})) b = r;
+    }
     if (!b && upstream) {
       if (!grow_segment(size, small, stream)) return nullptr;
       b = find_fit(size, small, slot, false);
     }
     if (!b) return nullptr;
+    const bool carved = at && (at < b->addr || at + size > b->addr + b->size);
+    if (carved) {
+      b = carve_run(b, at, size, slot);
+      at = b->addr;
+    }
     std::uint32_t from = b->slot;
     remove_free(b);
     detail::arena* a = b->ar;
@@ -875,6 +1018,11 @@ struct pool_resource::impl {
       // stream's work was done; b was freed at the same time): then b goes
       // there too, so the page they share is inside one free block again.
       auto put_back = [&] {
+        if (carved) {
+          b->state = block::free_state;
+          uncarve(b, from);
+          return;
+        }
         b->unmapped = un_l;
         std::uint32_t to = from;
         if (split && b->next && b->next->state == block::free_state && b->next->slot != from)
