@@ -247,8 +247,11 @@ TEST(pool_streams, lagging_gpu_queues_faults_and_physical_pages) {
       {3, 0, 0, false, 0.02}, {1, 0, 23, false, 0.02}, {3, 2, 7, false, 0.02}, {2, 0, 7, false, 0.0},
       {3, 0, 0, true, 0.02},  {1, 0, 23, true, 0.02},  {3, 2, 7, true, 0.02},  {2, 3, 7, true, 0.0},
   };
+  // Seeds 32 and 37 once found a page given back while its old address (kept
+  // by defer_unmap in an earlier request) was still mapped.
+  const std::uint64_t seeds[] = {1, 2, 3, 4, 5, 6, 32, 37};
   for (const config& c : configs)
-    for (std::uint64_t seed = 1; seed <= 6; ++seed) {
+    for (std::uint64_t seed : seeds) {
       SCOPED_TRACE(testing::Message() << "streams " << c.nstreams << ", progress " << c.progress << ", faults every "
                                       << c.fault_every << ", defer_unmap " << c.defer << ", growth_slack "
                                       << c.growth_slack << ", seed " << seed);

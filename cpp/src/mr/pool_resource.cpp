@@ -415,8 +415,8 @@ struct pool_resource::impl {
     }
   }
 
-  // Pages moved since entry `mark` are about to become spares (a request
-  // failed): their old addresses go first, so that a spare is mapped nowhere.
+  // Old addresses waiting since entry `mark` are unmapped now, after their
+  // stream's work (pages about to become spares must be mapped nowhere).
   void settle_deferred(std::size_t mark) noexcept {
     while (deferred.size() > mark) {
       try {
@@ -438,17 +438,19 @@ struct pool_resource::impl {
   bool acquire(std::size_t n, std::size_t need_live, std::uint32_t slot, std::vector<page_handle>& out,
                std::size_t clean = 0) {
     out.clear();
-    std::size_t mark = deferred.size();
     try {
       if (acquire_some(n, need_live, slot, out, clean)) return true;
     } catch (...) {
-      // Pages taken so far stay with the pool as spares: nothing leaks.
-      settle_deferred(mark);
+      // Pages taken so far stay with the pool as spares: nothing leaks. A
+      // spare is mapped nowhere: every old address still waiting goes first
+      // (not only this call's: a page taken here may have been moved with its
+      // old address kept by an earlier call).
+      settle_deferred(0);
       spare_handles.insert(spare_handles.end(), out.begin(), out.end());
       out.clear();
       throw;
     }
-    settle_deferred(mark);
+    settle_deferred(0);
     spare_handles.insert(spare_handles.end(), out.begin(), out.end());
     out.clear();
     return false;
@@ -524,7 +526,6 @@ struct pool_resource::impl {
     const bool edge1 = p1 != p0 && !inside(p1) && !a->mapped(p1);
     const std::size_t clean = std::size_t{edge0} + std::size_t{edge1};
     thread_local std::vector<page_handle> got, hs;
-    std::size_t mark = deferred.size();
     if (!acquire(n, need_live, slot, got, clean)) return false;
     // In page order: the clean ones at the edges, the rest in between.
     hs.clear();
@@ -565,7 +566,7 @@ struct pool_resource::impl {
         }
       for (std::size_t q = p0; q <= p1; ++q)
         if (!a->mapped(q)) a->handles[q] = 0;
-      settle_deferred(mark);
+      settle_deferred(0);
       spare_handles.insert(spare_handles.end(), hs.begin(), hs.end());
       throw;
     }
