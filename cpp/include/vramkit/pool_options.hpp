@@ -36,7 +36,8 @@ struct pool_options {
   // Pages the requesting stream itself freed serve its request at once,
   // without waiting for its queued work: later work on a stream runs after
   // earlier work. Only their old addresses stay mapped until an event on the
-  // stream completes. (Experimental: not yet measured on a GPU.)
+  // stream completes. (Experimental: on an H200 it cut GPT-2's reserved
+  // memory but made steps 2.2x slower, moving pages every step.)
   bool defer_unmap = false;
   // Virtual address space reserved per arena, as a multiple of the capacity.
   double va_factor = 2.0;
