@@ -860,6 +860,21 @@ struct pool_resource::impl {
     return best;
   }
 
+  // Joins the neighbouring blocks first..last (out of every free index) into
+  // first; its unmapped count is left for the caller to set.
+  block* join(block* first, block* last) {
+    while (first != last) {
+      block* nx = first->next;
+      first->size += nx->size;
+      first->seq = std::max(first->seq, nx->seq);
+      first->next = nx->next;
+      if (nx->next) nx->next->prev = first;
+      if (nx == last) last = first;
+      blocks.recycle(nx);
+    }
+    return first;
+  }
+
   // Cuts [at, at+size) out of the run of free blocks around b that the
   // requester of `slot` may take (see runs_with), for a place best_run found
   // reaching past b: the pieces inside become one free block of `slot`, the
@@ -898,16 +913,7 @@ struct pool_resource::impl {
       if (l == left) l = f;
     }
     if (l->addr + l->size > at + size) right = cut(l, at + size);
-    block* m = f;
-    while (m != l) {
-      block* nx = m->next;
-      m->size += nx->size;
-      m->seq = std::max(m->seq, nx->seq);
-      m->next = nx->next;
-      if (nx->next) nx->next->prev = m;
-      if (nx == l) l = m;
-      blocks.recycle(nx);
-    }
+    block* m = join(f, l);
     for (block* x : {left, right, m}) {
       if (!x) continue;
       x->unmapped = unmapped_inside(a, x->addr, x->size);
@@ -928,16 +934,7 @@ struct pool_resource::impl {
       if (x != b) remove_free(x);
       if (x == last) break;
     }
-    block* m = first;
-    while (m != last) {
-      block* nx = m->next;
-      m->size += nx->size;
-      m->seq = std::max(m->seq, nx->seq);
-      m->next = nx->next;
-      if (nx->next) nx->next->prev = m;
-      if (nx == last) last = m;
-      blocks.recycle(nx);
-    }
+    block* m = join(first, last);
     m->unmapped = unmapped_inside(m->ar, m->addr, m->size);
     insert_free(m, slot);
   }
