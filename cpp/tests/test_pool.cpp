@@ -376,6 +376,47 @@ TEST(pool, wait_to_remap_waits_for_the_stream_instead_of_growing) {
   }
 }
 
+// A block too large for the stream's own free block at the edge of mapped
+// memory takes that block's pages and fresh ones past the edge (the address
+// space there is shared), without waiting for the stream and without growing
+// by its whole size; another stream may not take that block while the first
+// stream's work on it may be queued.
+TEST(pool, a_block_at_the_edge_of_mapped_memory_takes_the_free_pages_below_it) {
+  struct lagging_stream : stream_ops {
+    int waits = 0;
+    event_id record(stream_t) override { return 1; }
+    bool done(event_id) override { return false; }
+    void wait(event_id) override { ++waits; }
+    void release(event_id) noexcept override {}
+    void synchronize_device() override {}
+  };
+  auto ev = std::make_shared<lagging_stream>();
+  pool_resource pool(std::make_shared<host_page_device>(GiB), ev);
+  const stream_t s = 0x10, other = 0x20;
+  void* a = pool.allocate(8 * MiB, s);
+  void* t = pool.allocate(40 * MiB, s);
+  pool.deallocate_checked(t, 0, s);  // its work may still be queued on s
+  std::size_t before = pool.state().reserved_bytes;
+  void* big = pool.allocate(48 * MiB, s);
+  EXPECT_EQ(big, t) << "placed past the edge instead of over the stream's own free pages";
+  EXPECT_EQ(pool.state().reserved_bytes - before, 8 * MiB) << "only the pages past the edge are new";
+  EXPECT_EQ(ev->waits, 0);
+  EXPECT_EQ(pool.counters().pages_remapped, 0u);
+  pool.check_invariants();
+  pool.deallocate_checked(big, 0, s);
+  before = pool.state().reserved_bytes;
+  void* b2 = pool.allocate(56 * MiB, other);
+  auto lo = reinterpret_cast<std::uintptr_t>(b2), hi = lo + 56 * MiB;
+  auto t0 = reinterpret_cast<std::uintptr_t>(t);
+  EXPECT_TRUE(hi <= t0 || lo >= t0 + 48 * MiB) << "another stream got memory the first stream's queued work may use";
+  EXPECT_EQ(pool.state().reserved_bytes - before, 56 * MiB);
+  EXPECT_EQ(ev->waits, 0);
+  pool.check_invariants();
+  pool.deallocate_checked(b2, 0, other);
+  pool.deallocate_checked(a, 0, s);
+  pool.check_invariants();
+}
+
 // defer_unmap: a page moved from a stream's own free block keeps its old
 // address mapped while that stream's queued work may use it. Such a page must
 // never back memory another stream can get: here a small block that covers
