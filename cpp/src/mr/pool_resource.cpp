@@ -950,9 +950,9 @@ struct pool_resource::impl {
     if (!b && upstream) b = find_fit(size, small, slot, true);
     if (!b && !upstream) {
       std::size_t cost = 0;
-      b = best_hollow(size, small, slot, at, cost);
+      b = best_hollow(size, small, slot, at, cost);  // cost: all ones when none fits
       if (cost > 0)
-        if (block* r = best_run(size, small, slot, at, b ? cost : ~std::size_t{0})) b = r;
+        if (block* r = best_run(size, small, slot, at, cost)) b = r;
     }
     if (!b && upstream) {
       if (!grow_segment(size, small, stream)) return nullptr;
