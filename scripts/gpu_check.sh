@@ -39,6 +39,7 @@ if [ -n "${VRAMKIT_TRACE_DIR:-}" ] && [ -n "${VRAMKIT_ANCHORS_DIR:-}" ]; then
   echo "== anchors and vramkit on the same .ops files, one run"
   python3 "$VRAMKIT_ANCHORS_DIR/anchors.py" "$VRAMKIT_TRACE_DIR" "$out/anchors" > "$out/anchors.log" 2>&1
   ./build/gpu/cpp/bench/vramkit_replay_bench --passes 4 --allocator vramkit --allocator "pool:upstream=cuda" \
+    --allocator "pool:keep_mappings:false" \
     "$out"/anchors/*.ops | sed 's/^/RESULT /' | tee -a "$out/anchors.log"
   python3 "$VRAMKIT_ANCHORS_DIR/table.py" "$out/anchors.log"
 fi

@@ -98,9 +98,9 @@ int main(int argc, char** argv) {
   ro.passes = std::getenv("VKPASSES") ? std::atoi(std::getenv("VKPASSES")) : 4;
   auto r = vramkit::replay(ops, pool, ro);
   auto c = pool.counters();
-  std::printf("ops %zu peak_live %zu peak_reserved %zu frag %.4f cold %.1f warm %.1f ooms %zu created %zu remapped %zu mapcalls %zu\n",
+  std::printf("ops %zu peak_live %zu peak_reserved %zu frag %.4f cold %.1f warm %.1f ooms %zu created %zu remapped %zu mapcalls %zu reused %zu mapped %zu unmapped %zu\n",
               r.ops, r.peak_live_bytes, r.peak_reserved_bytes, r.fragmentation, r.cold_ns_per_op, r.warm_ns_per_op,
-              r.ooms, c.pages_created, c.pages_remapped, c.map_calls);
+              r.ooms, c.pages_created, c.pages_remapped, c.map_calls, c.mappings_reused, c.pages_mapped, c.pages_unmapped);
   pool.check_invariants();
 }
 // (diagnostic) VKDIAG=1: print page usage whenever reserved grows past its peak.

@@ -259,6 +259,52 @@ TEST(pool, out_of_memory_message_and_recovery) {
   for (int i = 6; i < 12; ++i) pool.deallocate_checked(keep[i], 0);
 }
 
+// keep_mappings: a page moved away keeps its old mapping; moved back, it
+// needs no map call, and it is never given back while still mapped.
+TEST(pool, a_page_moved_back_where_it_is_still_mapped_costs_no_map_call) {
+  for (bool keep : {true, false}) {
+    SCOPED_TRACE(keep ? "keep_mappings on" : "keep_mappings off");
+    auto inner = std::make_shared<host_page_device>(GiB);
+    auto rec = std::make_shared<mapping_recorder>(inner);
+    pool_options o;
+    o.keep_mappings = keep;
+    o.growth_slack = 0;
+    o.reserve_limit = 2 * inner->granularity();  // two pages in all
+    pool_resource pool(rec, nullptr, o);
+    void* l = pool.allocate(4 * MiB);  // two pages of the large arena
+    pool.deallocate_checked(l, 0);
+    void* small = pool.allocate(512 << 10);  // the small arena takes one of them
+    const std::size_t mapped_addresses = rec->at.size();
+    pool.deallocate_checked(small, 0);
+    void* l2 = pool.allocate(4 * MiB);  // it comes back
+    EXPECT_EQ(l2, l);
+    pool.check_invariants();
+    pool_counters c = pool.counters();
+    EXPECT_EQ(c.pages_created, 2u);
+    EXPECT_EQ(c.pages_remapped, 2u);
+    if (keep) {
+      EXPECT_EQ(c.mappings_reused, 1u);
+      EXPECT_EQ(c.pages_mapped, 3u);  // two at first, one in the small arena, none on the way back
+      EXPECT_EQ(c.pages_unmapped, 0u);
+      EXPECT_EQ(rec->at.size(), mapped_addresses);  // the small arena's mapping is kept too
+    } else {
+      EXPECT_EQ(c.mappings_reused, 0u);
+      EXPECT_EQ(c.pages_mapped, 4u);
+      EXPECT_EQ(c.pages_unmapped, 2u);
+    }
+    // Written through the returned address, read back: the mapping is live.
+    std::memset(l2, 0x5a, 4 * MiB);
+    EXPECT_EQ(static_cast<unsigned char*>(l2)[4 * MiB - 1], 0x5a);
+    pool.deallocate_checked(l2, 0);
+    pool.release_cached();
+    pool.check_invariants();
+    EXPECT_EQ(pool.state().reserved_bytes, 0u);
+    EXPECT_TRUE(rec->at.empty()) << "mappings left after every page was given back";
+    EXPECT_EQ(rec->destroyed_while_mapped, 0);
+    EXPECT_EQ(rec->mapped_over, 0);
+  }
+}
+
 TEST(pool, remaps_free_pages_instead_of_growing) {
   auto dev = std::make_shared<host_page_device>(64 * GiB);
   pool_resource pool(dev, nullptr);

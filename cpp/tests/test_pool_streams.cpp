@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 #include <random>
 #include <set>
@@ -159,6 +160,7 @@ struct config {
   int nstreams, progress, fault_every;
   bool defer;
   double growth_slack;
+  bool keep_mappings = true;
 };
 
 void run(const config& c, std::uint64_t seed, int iters) {
@@ -173,6 +175,7 @@ void run(const config& c, std::uint64_t seed, int iters) {
   o.wait_to_remap = w.rnd(4) == 0;
   o.defer_unmap = c.defer;
   o.growth_slack = c.growth_slack;
+  o.keep_mappings = c.keep_mappings;
   struct held {
     std::uintptr_t p;
     std::size_t n;
@@ -246,15 +249,21 @@ TEST(pool_streams, lagging_gpu_queues_faults_and_physical_pages) {
   const config configs[] = {
       {3, 0, 0, false, 0.02}, {1, 0, 23, false, 0.02}, {3, 2, 7, false, 0.02}, {2, 0, 7, false, 0.0},
       {3, 0, 0, true, 0.02},  {1, 0, 23, true, 0.02},  {3, 2, 7, true, 0.02},  {2, 3, 7, true, 0.0},
+      {3, 2, 7, false, 0.02, false}, {2, 3, 7, true, 0.0, false},
   };
   // Seeds 32 and 37 once found a page given back while its old address (kept
   // by defer_unmap in an earlier request) was still mapped.
-  const std::uint64_t seeds[] = {1, 2, 3, 4, 5, 6, 32, 37};
+  std::vector<std::uint64_t> seeds = {1, 2, 3, 4, 5, 6, 32, 37};
+  // VRAMKIT_STREAM_SEEDS=N runs seeds 1..N instead (a longer search).
+  if (const char* n = std::getenv("VRAMKIT_STREAM_SEEDS")) {
+    seeds.clear();
+    for (std::uint64_t i = 1; i <= std::strtoull(n, nullptr, 10); ++i) seeds.push_back(i);
+  }
   for (const config& c : configs)
     for (std::uint64_t seed : seeds) {
       SCOPED_TRACE(testing::Message() << "streams " << c.nstreams << ", progress " << c.progress << ", faults every "
                                       << c.fault_every << ", defer_unmap " << c.defer << ", growth_slack "
-                                      << c.growth_slack << ", seed " << seed);
+                                      << c.growth_slack << ", keep_mappings " << c.keep_mappings << ", seed " << seed);
       run(c, seed, 10000);
       if (HasFatalFailure()) return;
     }

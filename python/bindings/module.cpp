@@ -169,6 +169,7 @@ NB_MODULE(_vramkit, m) {
             d["pages_mapped"] = c.pages_mapped;
             d["pages_unmapped"] = c.pages_unmapped;
             d["pages_remapped"] = c.pages_remapped;
+            d["mappings_reused"] = c.mappings_reused;
             d["map_calls"] = c.map_calls;
             d["segments_allocated"] = c.segments_allocated;
             d["segments_freed"] = c.segments_freed;

@@ -39,6 +39,11 @@ struct pool_options {
   // stream completes. (Experimental: on an H200 it cut GPT-2's reserved
   // memory but made steps 2.2x slower, moving pages every step.)
   bool defer_unmap = false;
+  // A page moved away keeps its old mapping (an alias of memory the pool
+  // no longer hands out at that address) until another page must go there
+  // or the page is given back. When the page later returns to that address,
+  // as it does in every step of a repeating workload, no map call is made.
+  bool keep_mappings = true;
   // Virtual address space reserved per arena, as a multiple of the capacity.
   double va_factor = 2.0;
 

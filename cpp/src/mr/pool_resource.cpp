@@ -27,6 +27,11 @@ struct detail::arena {
   // Paged only: the physical page behind each page of the range (0 = none).
   std::vector<page_handle> handles;
   std::vector<std::uint64_t> mapped_bits;
+  // Paged only: the page the device maps at each page of the range. Equal
+  // to handles[p] where mapped; elsewhere 0 or a kept (stale) mapping of a
+  // page now in use at another address or spare (keep_mappings).
+  std::vector<page_handle> phys;
+  std::size_t top = 0;  // one past the highest page ever mapped
   // defer_unmap: pages moved away while work queued before their free may
   // still use this address; physically still mapped here, logically not.
   std::vector<std::uint64_t> zombie_bits;
@@ -80,7 +85,8 @@ struct pool_resource::impl {
   std::vector<stream_slot> slots;
   detail::ptr_map<block*> live;
   std::vector<block*> pending;
-  std::vector<page_handle> spare_handles;  // created, mapped nowhere
+  std::vector<page_handle> spare_handles;  // created, in use nowhere (may keep stale mappings)
+  std::size_t stale = 0;                   // kept mappings of pages not in use there
   // defer_unmap: old addresses of pages moved from the requesting stream's
   // own free blocks, unmapped once the event recorded at the move completes.
   struct deferred_unmap {
@@ -128,6 +134,7 @@ struct pool_resource::impl {
       a->handles.assign(np, 0);
       a->mapped_bits.assign((np + 63) / 64, 0);
       a->zombie_bits.assign((np + 63) / 64, 0);
+      a->phys.assign(np, 0);
       block* b = blocks.make();
       b->addr = a->base;
       b->size = va;
@@ -150,22 +157,29 @@ struct pool_resource::impl {
   ~impl() {
     // Old addresses still waiting: unmapped without waiting (nothing may run
     // on memory of a pool being destroyed), their events given back.
-    for (auto& d : deferred) {
-      pages->unmap(d.a->base + d.first * page, d.count);
-      streams->release(d.ev);
-    }
+    for (auto& d : deferred) streams->release(d.ev);  // their old addresses go with the rest below
     for (auto& s : slots)
       if (s.event_pending) streams->release(s.event);
     for (block* b : pending)
       for (event_id e : b->events) streams->release(e);
+    // Every mapping goes before any page is destroyed: a page in use in one
+    // arena may keep a stale mapping in the other.
+    for (auto* a : arenas)
+      if (a->paged)
+        for (std::size_t p = 0; p < a->top;) {
+          if (!a->phys[p]) {
+            ++p;
+            continue;
+          }
+          std::size_t e = p;
+          while (e < a->top && a->phys[e]) ++e;
+          pages->unmap(a->base + p * page, e - p);
+          p = e;
+        }
     for (auto* a : arenas) {
       if (a->paged) {
-        std::size_t np = a->handles.size();
-        for (std::size_t p = 0; p < np; ++p)
-          if (a->handles[p]) {
-            pages->unmap(a->base + p * page, 1);
-            pages->destroy(a->handles[p]);
-          }
+        for (std::size_t p = 0; p < a->top; ++p)
+          if (a->handles[p]) pages->destroy(a->handles[p]);
         pages->unreserve(a->base, a->size);
       } else {
         upstream->deallocate(reinterpret_cast<void*>(a->base), a->size, 0);
@@ -361,8 +375,12 @@ struct pool_resource::impl {
       b->seq = ++free_seq;
       for (std::size_t q = first; q <= p; ++q) a->set_zombie(q, true);
       ctr.pages_deferred += k;
+      stale += k;
+    } else if (opt.keep_mappings) {
+      stale += k;  // still mapped there, no longer in use there
     } else {
       pages->unmap(a->base + first * page, k);
+      for (std::size_t q = first; q <= p; ++q) a->phys[q] = 0;
       ctr.pages_unmapped += k;
     }
     for (std::size_t q = first; q <= p; ++q) {
@@ -381,9 +399,14 @@ struct pool_resource::impl {
 
   void finish_deferred(std::size_t i) {
     deferred_unmap d = deferred[i];
-    pages->unmap(d.a->base + d.first * page, d.count);
+    // Its stream's work is done: the old mapping becomes an ordinary kept one.
+    if (!opt.keep_mappings) {
+      pages->unmap(d.a->base + d.first * page, d.count);
+      for (std::size_t q = d.first; q < d.first + d.count; ++q) d.a->phys[q] = 0;
+      stale -= d.count;
+      ctr.pages_unmapped += d.count;
+    }
     for (std::size_t q = d.first; q < d.first + d.count; ++q) d.a->set_zombie(q, false);
-    ctr.pages_unmapped += d.count;
     streams->release(d.ev);
     deferred[i] = deferred.back();
     deferred.pop_back();
@@ -425,6 +448,47 @@ struct pool_resource::impl {
       }
       finish_deferred(deferred.size() - 1);
     }
+  }
+
+  // Destroys pages given back to the device, unmapping first the stale
+  // mappings they keep (a page's memory is freed only once it is mapped
+  // nowhere).
+  void drop_pages(const std::vector<page_handle>& hs) noexcept {
+    if (hs.empty()) return;
+    if (stale) {
+      thread_local std::vector<page_handle> sorted;
+      sorted.assign(hs.begin(), hs.end());
+      std::sort(sorted.begin(), sorted.end());
+      auto kept = [&](const detail::arena* a, std::size_t p) {
+        return a->phys[p] && !a->mapped(p) && std::binary_search(sorted.begin(), sorted.end(), a->phys[p]);
+      };
+      for (bool again = true; again;) {
+        again = false;
+        for (auto* a : arenas) {
+          if (!a->paged) continue;
+          for (std::size_t p = 0; p < a->top && !again;) {
+            if (!kept(a, p)) {
+              ++p;
+              continue;
+            }
+            if (a->zombie(p)) {  // its stream's work may still run there: wait first
+              settle_deferred(0);
+              again = true;
+              break;
+            }
+            std::size_t e = p;
+            while (e < a->top && kept(a, e) && !a->zombie(e)) ++e;
+            pages->unmap(a->base + p * page, e - p);
+            for (std::size_t q = p; q < e; ++q) a->phys[q] = 0;
+            stale -= e - p;
+            ctr.pages_unmapped += e - p;
+            p = e;
+          }
+          if (again) break;
+        }
+      }
+    }
+    for (auto h : hs) pages->destroy(h);
   }
 
   // Gets n physical pages for a block that will hold `need_live` live bytes.
@@ -534,7 +598,8 @@ struct pool_resource::impl {
       for (std::size_t p = p0; p <= p1; ++p)
         if (!a->mapped(p)) hs.push_back(((p == p0 && edge0) || (p == p1 && edge1)) ? got[c++] : got[r++]);
     }
-    std::size_t k = 0;
+    if (stale) return_home(a, p0, p1, edge0, edge1, hs);
+    std::size_t k = 0;  // pages of hs placed so far
     std::size_t p = p0;
     try {
       while (p <= p1) {
@@ -542,26 +607,50 @@ struct pool_resource::impl {
           ++p;
           continue;
         }
+        // A page coming back where it is still mapped costs nothing; the
+        // others replace what stale mapping is there.
         std::size_t run = p;
-        while (run <= p1 && !a->mapped(run)) {
-          a->handles[run] = hs[k + (run - p)];
+        while (run <= p1 && !a->mapped(run) && (a->phys[run] == hs[k + (run - p)]) == (a->phys[p] == hs[k]))
           ++run;
+        for (std::size_t q = p; q < run; ++q) a->handles[q] = hs[k + (q - p)];
+        if (a->phys[p] == hs[k]) {
+          stale -= run - p;
+          ctr.mappings_reused += run - p;
+        } else {
+          for (std::size_t q = p; q < run;) {
+            if (!a->phys[q]) {
+              ++q;
+              continue;
+            }
+            std::size_t e = q;
+            while (e < run && a->phys[e]) a->phys[e++] = 0;
+            pages->unmap(a->base + q * page, e - q);
+            stale -= e - q;
+            ctr.pages_unmapped += e - q;
+            q = e;
+          }
+          pages->map(a->base + p * page, &hs[k], run - p);
+          for (std::size_t q = p; q < run; ++q) a->phys[q] = hs[k + (q - p)];
+          a->top = std::max(a->top, run);
+          ctr.pages_mapped += run - p;
+          ++ctr.map_calls;
         }
-        pages->map(a->base + p * page, &hs[k], run - p);
         for (std::size_t q = p; q < run; ++q) a->set_mapped(q, true);
-        ctr.pages_mapped += run - p;
-        ++ctr.map_calls;
         k += run - p;
         p = run;
       }
     } catch (...) {
-      // Undo this call's maps so the pool stays as it was, then rethrow.
+      // Undo this call: the pages placed so far keep their new mappings as
+      // stale ones and go back to the spares with the rest; the pool stays
+      // as it was, then rethrow.
       for (std::size_t q = p0; q < p; ++q)
-        if (a->handles[q] && a->mapped(q)) {
-          bool ours = std::find(hs.begin(), hs.begin() + k, a->handles[q]) != hs.begin() + k;
-          if (ours) {
+        if (a->mapped(q) && std::find(hs.begin(), hs.begin() + k, a->handles[q]) != hs.begin() + k) {
+          a->set_mapped(q, false);
+          if (opt.keep_mappings) {
+            ++stale;
+          } else {
             pages->unmap(a->base + q * page, 1);
-            a->set_mapped(q, false);
+            a->phys[q] = 0;
           }
         }
       for (std::size_t q = p0; q <= p1; ++q)
@@ -571,6 +660,35 @@ struct pool_resource::impl {
       throw;
     }
     return true;
+  }
+
+  // Puts each page of hs (placed in page order over the unmapped pages of
+  // [p0, p1]) where it is still mapped, if that is one of those pages.
+  // The clean pages at the edges stay where they are.
+  static void return_home(const detail::arena* a, std::size_t p0, std::size_t p1, bool edge0, bool edge1,
+                          std::vector<page_handle>& hs) {
+    thread_local std::vector<std::pair<page_handle, std::size_t>> where;  // page -> index in hs
+    thread_local std::vector<std::size_t> slot_of;                        // index in hs -> page of the arena
+    where.clear();
+    slot_of.clear();
+    for (std::size_t p = p0; p <= p1; ++p)
+      if (!a->mapped(p)) slot_of.push_back(p);
+    const std::size_t lo = edge0 ? 1 : 0, hi = hs.size() - (edge1 && hs.size() > lo ? 1 : 0);
+    for (std::size_t i = lo; i < hi; ++i) where.emplace_back(hs[i], i);
+    std::sort(where.begin(), where.end());
+    for (std::size_t i = lo; i < hi; ++i) {
+      page_handle want = a->phys[slot_of[i]];
+      if (!want || want == hs[i]) continue;
+      auto it = std::lower_bound(where.begin(), where.end(), std::make_pair(want, std::size_t{0}));
+      if (it == where.end() || it->first != want) continue;
+      std::size_t j = it->second;
+      if (a->phys[slot_of[j]] == want) continue;  // already home there
+      // hs[j] goes home to i; what was at i moves to j.
+      auto jt = std::lower_bound(where.begin(), where.end(), std::make_pair(hs[i], std::size_t{0}));
+      jt->second = j;
+      it->second = i;
+      std::swap(hs[i], hs[j]);
+    }
   }
 
   // ---- segments (non-paged upstreams) -------------------------------------
@@ -708,8 +826,8 @@ struct pool_resource::impl {
     reclaim_streams(true);
     settle_deferred(0);
     if (!upstream) {
-      for (auto h : spare_handles) {
-        pages->destroy(h);
+      drop_pages(spare_handles);
+      for (std::size_t i = 0; i < spare_handles.size(); ++i) {
         reserved -= page;
         ++ctr.pages_destroyed;
         ++st.upstream_frees;
@@ -1117,8 +1235,8 @@ struct pool_resource::impl {
       release_free_segments();
       return;
     }
-    for (auto h : spare_handles) {
-      pages->destroy(h);
+    drop_pages(spare_handles);
+    for (std::size_t i = 0; i < spare_handles.size(); ++i) {
       reserved -= page;
       ++ctr.pages_destroyed;
       ++st.upstream_frees;
@@ -1135,7 +1253,7 @@ struct pool_resource::impl {
       std::size_t k = steal(0, (cached() - target + page - 1) / page, hs);  // only memory no stream still uses
       if (!k) break;
       ctr.pages_remapped -= k;
-      for (auto h : hs) pages->destroy(h);
+      drop_pages(hs);
       reserved -= k * page;
       ctr.pages_destroyed += k;
       st.upstream_frees += k;
@@ -1176,7 +1294,8 @@ struct pool_resource::impl {
 void pool_resource::impl::check() const {
   std::lock_guard<std::mutex> lk(mu);
   auto fail = [](const std::string& what) { throw error("pool invariant broken: " + what); };
-  std::size_t live_sum = 0, live_n = 0, mapped_pages = 0, zombie_pages = 0;
+  std::size_t live_sum = 0, live_n = 0, mapped_pages = 0, zombie_pages = 0, stale_pages = 0;
+  std::vector<page_handle> in_use(spare_handles.begin(), spare_handles.end()), kept;
   for (auto* a : arenas) {
     std::uintptr_t at = a->base;
     const block* prev = nullptr;
@@ -1220,6 +1339,12 @@ void pool_resource::impl::check() const {
       for (std::size_t p = 0; p < a->handles.size(); ++p) {
         if (a->mapped(p) != (a->handles[p] != 0)) fail("page map and handles disagree");
         if (a->zombie(p) && a->mapped(p)) fail("a page waiting to be unmapped is also in use");
+        if (a->mapped(p) && a->phys[p] != a->handles[p]) fail("the device maps another page than the pool uses");
+        if (a->zombie(p) && !a->phys[p]) fail("a page waiting to be unmapped is not mapped");
+        if (p >= a->top && a->phys[p]) fail("a mapping above the arena's top");
+        if (a->mapped(p)) in_use.push_back(a->handles[p]);
+        if (a->phys[p] && !a->mapped(p)) kept.push_back(a->phys[p]);
+        stale_pages += a->phys[p] && !a->mapped(p);
         zombie_pages += a->zombie(p);
         mapped_pages += a->mapped(p);
       }
@@ -1232,6 +1357,12 @@ void pool_resource::impl::check() const {
   std::size_t deferred_pages = 0;
   for (auto& d : deferred) deferred_pages += d.count;
   if (zombie_pages != deferred_pages) fail("pages waiting to be unmapped do not match their list");
+  if (stale_pages != stale) fail("the count of kept mappings is stale");
+  if (!opt.keep_mappings && stale_pages != zombie_pages) fail("a mapping kept with keep_mappings off");
+  std::sort(in_use.begin(), in_use.end());
+  if (std::adjacent_find(in_use.begin(), in_use.end()) != in_use.end()) fail("one page in use at two places");
+  for (page_handle h : kept)
+    if (!std::binary_search(in_use.begin(), in_use.end(), h)) fail("a mapping kept of a page given back");
   if (!upstream && (mapped_pages + spare_handles.size()) * page != reserved)
     fail("reserved != mapped + spare pages");
 }

@@ -23,6 +23,7 @@ struct pool_counters {
   std::size_t pages_mapped = 0;
   std::size_t pages_unmapped = 0;
   std::size_t pages_remapped = 0;  // free pages moved to where they were needed
+  std::size_t mappings_reused = 0; // keep_mappings: pages moved back to an address still mapping them (no call)
   std::size_t map_calls = 0;
   std::size_t segments_allocated = 0;
   std::size_t segments_freed = 0;
