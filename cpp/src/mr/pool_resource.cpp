@@ -617,6 +617,7 @@ struct pool_resource::impl {
           stale -= run - p;
           ctr.mappings_reused += run - p;
         } else {
+          const bool replaces = pages->map_replaces();
           for (std::size_t q = p; q < run;) {
             if (!a->phys[q]) {
               ++q;
@@ -624,7 +625,7 @@ struct pool_resource::impl {
             }
             std::size_t e = q;
             while (e < run && a->phys[e]) a->phys[e++] = 0;
-            pages->unmap(a->base + q * page, e - q);
+            if (!replaces) pages->unmap(a->base + q * page, e - q);  // else the map below replaces them
             stale -= e - q;
             ctr.pages_unmapped += e - q;
             q = e;

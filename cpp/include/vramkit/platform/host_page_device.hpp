@@ -25,6 +25,7 @@ class host_page_device final : public page_device {
   void destroy(page_handle h) noexcept override;
   void map(std::uintptr_t va, const page_handle* handles, std::size_t count) override;
   void unmap(std::uintptr_t va, std::size_t count) noexcept override;
+  bool map_replaces() const noexcept override { return true; }  // mmap(MAP_FIXED) replaces
   int device() const noexcept override { return device_; }
   std::string name() const override { return "host"; }
   device_properties properties() const override;

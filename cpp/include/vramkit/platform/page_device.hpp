@@ -35,6 +35,10 @@ class page_device {
   // Maps `count` pages starting at va (page-aligned, inside a reservation).
   virtual void map(std::uintptr_t va, const page_handle* handles, std::size_t count) = 0;
   virtual void unmap(std::uintptr_t va, std::size_t count) noexcept = 0;
+  // True when map() may be given addresses that still map other pages and
+  // replaces those mappings in the same call (the CUDA driver cannot: an
+  // address must be unmapped before it is mapped again).
+  virtual bool map_replaces() const noexcept { return false; }
 
   // Waits for all work on the device (the host has none).
   virtual void synchronize() {}
