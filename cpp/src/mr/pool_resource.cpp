@@ -847,9 +847,16 @@ struct pool_resource::impl {
   std::size_t unmapped_inside(const detail::arena* a, std::uintptr_t addr, std::size_t size) const {
     std::size_t lo = round_up(addr - a->base, page) / page;
     std::size_t hi = (addr + size - a->base) / page;
-    std::size_t n = 0;
-    for (std::size_t p = lo; p < hi; ++p) n += !a->mapped(p);
-    return n;
+    if (hi <= lo) return 0;
+    // Mapped pages counted a word at a time (a free block can span the whole arena).
+    std::size_t mapped = 0;
+    for (std::size_t w = lo >> 6; w <= (hi - 1) >> 6; ++w) {
+      std::uint64_t bits = a->mapped_bits[w];
+      if (w == lo >> 6) bits &= ~std::uint64_t{0} << (lo & 63);
+      if (w == (hi - 1) >> 6 && ((hi - 1) & 63) != 63) bits &= (std::uint64_t{1} << (((hi - 1) & 63) + 1)) - 1;
+      mapped += static_cast<std::size_t>(std::popcount(bits));
+    }
+    return (hi - lo) - mapped;
   }
 
   // What mapping page p for a new block costs: nothing if mapped, one page if
