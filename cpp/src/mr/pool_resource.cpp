@@ -340,8 +340,9 @@ struct pool_resource::impl {
 
   static constexpr int steal_scan = 32;
 
-  // Unmaps up to `want` mapped pages wholly inside a stealable free
-  // block of `slot` (one contiguous run, from its high end, in one call) and
+  // Takes up to `want` mapped pages wholly inside a stealable free
+  // block of `slot` (one contiguous run, from its high end; unmapped in one
+  // call, or kept mapped there with keep_mappings) and
   // appends their physical pages to out. Returns how many it took.
   std::size_t steal(std::uint32_t slot, std::size_t want, std::vector<page_handle>& out, bool defer = false) {
     auto& s = slots[slot];
@@ -412,7 +413,8 @@ struct pool_resource::impl {
     deferred.pop_back();
   }
 
-  // Unmaps the old addresses whose stream work is done.
+  // Ends the wait of old addresses whose stream work is done (unmapped, or
+  // kept as ordinary stale mappings with keep_mappings).
   void flush_deferred() {
     for (std::size_t i = 0; i < deferred.size();)
       if (streams->done(deferred[i].ev))
@@ -438,8 +440,9 @@ struct pool_resource::impl {
     }
   }
 
-  // Old addresses waiting since entry `mark` are unmapped now, after their
-  // stream's work (pages about to become spares must be mapped nowhere).
+  // Old addresses waiting since entry `mark` end their wait now, after their
+  // stream's work (a page about to become a spare may keep stale mappings,
+  // but none that queued work may still use).
   void settle_deferred(std::size_t mark) noexcept {
     while (deferred.size() > mark) {
       try {
@@ -505,10 +508,10 @@ struct pool_resource::impl {
     try {
       if (acquire_some(n, need_live, slot, out, clean)) return true;
     } catch (...) {
-      // Pages taken so far stay with the pool as spares: nothing leaks. A
-      // spare is mapped nowhere: every old address still waiting goes first
-      // (not only this call's: a page taken here may have been moved with its
-      // old address kept by an earlier call).
+      // Pages taken so far stay with the pool as spares: nothing leaks. No
+      // spare keeps an old address that queued work may still use: every one
+      // still waiting ends its wait first (not only this call's: a page taken
+      // here may have been moved with its old address kept by an earlier call).
       settle_deferred(0);
       spare_handles.insert(spare_handles.end(), out.begin(), out.end());
       out.clear();
