@@ -459,35 +459,27 @@ struct pool_resource::impl {
   void drop_pages(const std::vector<page_handle>& hs) noexcept {
     if (hs.empty()) return;
     if (stale) {
+      settle_deferred(0);  // no old address that queued work may still use is unmapped under it
       thread_local std::vector<page_handle> sorted;
       sorted.assign(hs.begin(), hs.end());
       std::sort(sorted.begin(), sorted.end());
       auto kept = [&](const detail::arena* a, std::size_t p) {
         return a->phys[p] && !a->mapped(p) && std::binary_search(sorted.begin(), sorted.end(), a->phys[p]);
       };
-      for (bool again = true; again;) {
-        again = false;
-        for (auto* a : arenas) {
-          if (!a->paged) continue;
-          for (std::size_t p = 0; p < a->top && !again;) {
-            if (!kept(a, p)) {
-              ++p;
-              continue;
-            }
-            if (a->zombie(p)) {  // its stream's work may still run there: wait first
-              settle_deferred(0);
-              again = true;
-              break;
-            }
-            std::size_t e = p;
-            while (e < a->top && kept(a, e) && !a->zombie(e)) ++e;
-            pages->unmap(a->base + p * page, e - p);
-            for (std::size_t q = p; q < e; ++q) a->phys[q] = 0;
-            stale -= e - p;
-            ctr.pages_unmapped += e - p;
-            p = e;
+      for (auto* a : arenas) {
+        if (!a->paged) continue;
+        for (std::size_t p = 0; p < a->top;) {
+          if (!kept(a, p)) {
+            ++p;
+            continue;
           }
-          if (again) break;
+          std::size_t e = p;
+          while (e < a->top && kept(a, e)) ++e;
+          pages->unmap(a->base + p * page, e - p);
+          for (std::size_t q = p; q < e; ++q) a->phys[q] = 0;
+          stale -= e - p;
+          ctr.pages_unmapped += e - p;
+          p = e;
         }
       }
     }
