@@ -47,12 +47,14 @@ std::atomic<bad_free_handler> g_handler{&default_bad_free};
 void set_bad_free_handler(bad_free_handler h) noexcept { g_handler.store(h ? h : &default_bad_free); }
 std::size_t bad_free_count() noexcept { return g_bad_frees.load(); }
 
+void report_bad_free(const device_resource& r, void* ptr, std::size_t bytes, free_status s) noexcept {
+  g_bad_frees.fetch_add(1);
+  g_handler.load()(r, ptr, bytes, s);
+}
+
 void device_resource::deallocate(void* ptr, std::size_t bytes, stream_t stream) noexcept {
   free_status s = try_deallocate(ptr, bytes, stream);
-  if (s != free_status::ok) {
-    g_bad_frees.fetch_add(1);
-    g_handler.load()(*this, ptr, bytes, s);
-  }
+  if (s != free_status::ok) report_bad_free(*this, ptr, bytes, s);
 }
 
 void device_resource::deallocate_checked(void* ptr, std::size_t bytes, stream_t stream) {

@@ -17,26 +17,101 @@ a framework. See ``docs/integrations.md`` for stream semantics and ``record_stre
 """
 from __future__ import annotations
 
+import atexit
+import contextlib
 import ctypes
 import os
 import threading
+import warnings
 
 from . import _vramkit
 
-__all__ = ["use", "is_active", "stats", "record_stream", "library_path", "pool_conf"]
+__all__ = ["use", "is_active", "stats", "record_stream", "library_path", "pool_conf", "pool",
+           "graph_pools", "hooks_available"]
 
 _ALLOC_FN = "vramkit_torch_alloc"
 _FREE_FN = "vramkit_torch_free"
 _RECORD_FN = "vramkit_torch_record_stream"
 
 _lock = threading.Lock()
-_state: dict = {"active": False, "conf": None, "allocator": None}
+_state: dict = {"active": False, "conf": None, "allocator": None, "hooks": False}
 _shim_lib = None
 
 
 def library_path() -> str:
     """Where ``libvramkit_torch.so`` (the shim PyTorch loads) is installed."""
     return os.path.join(os.path.dirname(os.path.abspath(_vramkit.__file__)), "libvramkit_torch.so")
+
+
+def hooks_path() -> str:
+    """Where ``libvramkit_torch_hooks.so`` is installed (built only where PyTorch was present)."""
+    return os.path.join(os.path.dirname(library_path()), "libvramkit_torch_hooks.so")
+
+
+def hooks_available() -> tuple[bool, str]:
+    """Whether the PyTorch hooks can be used with the PyTorch imported now, and why not.
+
+    The hooks (CUDA graphs and ``torch.cuda.MemPool``, ``Tensor.record_stream``,
+    ``torch.cuda.memory_stats()``, ``empty_cache()``, cuDNN's benchmark mode) are a library
+    built against the PyTorch that was installed when vramkit was built; another version of
+    PyTorch cannot load them safely.
+    """
+    path = hooks_path()
+    if not os.path.exists(path):
+        return False, ("vramkit was built without PyTorch present, so its PyTorch hooks were not built; "
+                       "reinstall vramkit with PyTorch installed (pip install --no-build-isolation vramkit)")
+    torch = _import_torch()
+    try:
+        with open(os.path.join(os.path.dirname(path), "torch_hooks.version")) as f:
+            built_for = f.read().strip()
+    except OSError:
+        built_for = "an unknown version"
+    if built_for != torch.__version__:
+        return False, (f"vramkit's PyTorch hooks were built for PyTorch {built_for}, but PyTorch "
+                       f"{torch.__version__} is imported; reinstall vramkit to rebuild them")
+    return True, ""
+
+
+def _install(torch):
+    """Makes vramkit PyTorch's allocator: the hooks when they fit this PyTorch, else the bare
+    two-function pluggable allocator (with a warning: graphs and MemPool then cannot work)."""
+    path = library_path()
+    if not os.path.exists(path):
+        raise RuntimeError(f"vramkit.torch.use(): the PyTorch shim {os.path.basename(path)} is not "
+                           "installed next to the vramkit extension; reinstall vramkit")
+    ok, why = hooks_available()
+    if ok:
+        lib = ctypes.CDLL(hooks_path())
+        lib.vramkit_torch_install.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+        lib.vramkit_torch_install.restype = ctypes.c_int
+        message = ctypes.create_string_buffer(2048)
+        if lib.vramkit_torch_install(message, len(message)) != 0:
+            said = message.value.decode(errors="replace").strip()
+            if "initialized" in said:
+                raise _too_late(f"PyTorch said: {said.splitlines()[0]}")
+            raise RuntimeError(f"vramkit.torch.use(): PyTorch refused the allocator: {said}")
+        _state["hooks"] = True
+        return lib
+    warnings.warn(f"vramkit.torch.use(): {why}. Without them CUDA graph capture, torch.cuda.MemPool, "
+                  "Tensor.record_stream and torch.cuda.memory_stats() do not work under vramkit.",
+                  RuntimeWarning, stacklevel=3)
+    allocator = torch.cuda.memory.CUDAPluggableAllocator(path, _ALLOC_FN, _FREE_FN)
+    try:
+        torch.cuda.memory.change_current_allocator(allocator)
+    except RuntimeError as e:
+        raise _too_late(f"PyTorch said: {e}".strip()) from e
+    _state["hooks"] = False
+    return allocator
+
+
+def _at_exit() -> None:
+    # PyTorch frees tensors during interpreter teardown, after vramkit's state and
+    # possibly CUDA are gone: from here on frees are dropped, silently (the process
+    # gives all its memory back). A double free before this point is still reported.
+    try:
+        _shim().vramkit_torch_exiting()
+    except Exception:
+        pass
 
 
 def pool_conf(**pool_options) -> str:
@@ -153,19 +228,12 @@ def use(**pool_options) -> None:
             for d, r in enumerate(fresh):
                 _vramkit.set_current_resource(r, d)
         try:
-            path = library_path()
-            if not os.path.exists(path):
-                raise RuntimeError(f"vramkit.torch.use(): the PyTorch shim {os.path.basename(path)} is not "
-                                   "installed next to the vramkit extension; reinstall vramkit")
-            allocator = torch.cuda.memory.CUDAPluggableAllocator(path, _ALLOC_FN, _FREE_FN)
-            try:
-                torch.cuda.memory.change_current_allocator(allocator)
-            except RuntimeError as e:
-                raise _too_late(f"PyTorch said: {e}".strip()) from e
+            allocator = _install(torch)
         except BaseException:
             for d, r in enumerate(previous):
                 _vramkit.set_current_resource(r, d)
             raise
+        atexit.register(_at_exit)
         _state.update(active=True, conf=conf, allocator=allocator)
 
 
@@ -179,6 +247,24 @@ def stats(device=None) -> dict:
     return memory_stats(device)
 
 
+def _device_index(device) -> int:
+    torch = _import_torch()
+    if device is None:
+        return torch.cuda.current_device()
+    if isinstance(device, int):
+        return device
+    index = torch.device(device).index
+    return torch.cuda.current_device() if index is None else index
+
+
+class _PoolRow(ctypes.Structure):
+    _fields_ = [("first", ctypes.c_uint64), ("second", ctypes.c_uint64), ("users", ctypes.c_int64),
+                ("windows", ctypes.c_int64), ("captured", ctypes.c_int64), ("set_aside_count", ctypes.c_uint64),
+                ("set_aside_bytes", ctypes.c_uint64), ("live_bytes", ctypes.c_uint64),
+                ("live_count", ctypes.c_uint64), ("reserved_bytes", ctypes.c_uint64),
+                ("peak_reserved_bytes", ctypes.c_uint64)]
+
+
 def _shim():
     global _shim_lib
     if _shim_lib is None:
@@ -186,8 +272,110 @@ def _shim():
         fn = getattr(lib, _RECORD_FN)
         fn.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p]
         fn.restype = ctypes.c_int
+        lib.vramkit_torch_graph_pools.argtypes = [ctypes.c_int, ctypes.POINTER(_PoolRow), ctypes.c_int]
+        lib.vramkit_torch_graph_pools.restype = ctypes.c_int
+        lib.vramkit_torch_exiting.argtypes = []
+        lib.vramkit_torch_exiting.restype = None
         _shim_lib = lib
     return _shim_lib
+
+
+def graph_pools(device=None) -> list[dict]:
+    """The private pools of CUDA graphs and ``torch.cuda.MemPool`` objects on a device.
+
+    Each is a dict: ``id`` (PyTorch's pool id), ``users`` (graphs and MemPool objects
+    holding it), ``open`` (capture or ``use_mem_pool`` windows open now), ``captured``,
+    ``live_bytes``, ``live_count``, ``reserved_bytes``, ``peak_reserved_bytes``, and
+    ``set_aside_bytes``/``set_aside_count``: memory of other tensors freed during a capture,
+    held back until the graph is destroyed (the graph may still use it). A pool goes once
+    nothing holds it and none of its tensors is alive; its memory goes back to the device.
+    """
+    device = _device_index(device)
+    lib = _shim()
+    rows = (_PoolRow * 256)()
+    n = lib.vramkit_torch_graph_pools(device, rows, 256)
+    if n < 0:
+        raise RuntimeError(f"vramkit: cannot read the graph pools of device {device}")
+    out = []
+    for r in rows[:min(n, 256)]:
+        out.append({"id": (r.first, r.second), "users": r.users, "open": r.windows, "captured": bool(r.captured),
+                    "live_bytes": r.live_bytes, "live_count": r.live_count, "reserved_bytes": r.reserved_bytes,
+                    "peak_reserved_bytes": r.peak_reserved_bytes, "set_aside_bytes": r.set_aside_bytes,
+                    "set_aside_count": r.set_aside_count})
+    return out
+
+
+class ScopedPool:
+    """What ``vramkit.torch.pool()`` yields: the ``torch.cuda.MemPool`` and vramkit's figures."""
+
+    def __init__(self, mempool, device: int):
+        self.mempool = mempool
+        self.device = device
+
+    @property
+    def id(self):
+        return self.mempool.id
+
+    def stats(self) -> dict:
+        """vramkit's statistics of the memory this scope took (``vramkit.memory_stats`` names)."""
+        if _state["active"]:
+            for p in graph_pools(self.device):
+                if tuple(p["id"]) == tuple(self.mempool.id):
+                    return {"allocated_bytes.all.current": p["live_bytes"],
+                            "allocation.all.current": p["live_count"],
+                            "reserved_bytes.all.current": p["reserved_bytes"],
+                            "reserved_bytes.all.peak": p["peak_reserved_bytes"]}
+            return {"allocated_bytes.all.current": 0, "allocation.all.current": 0,
+                    "reserved_bytes.all.current": 0, "reserved_bytes.all.peak": 0}
+        from . import memory_stats
+        return memory_stats(self.device)
+
+
+_scoped_allocator = None
+
+
+@contextlib.contextmanager
+def pool(device=None):
+    """Route only the allocations made inside the ``with`` block (on this thread) to vramkit.
+
+    >>> with vramkit.torch.pool() as p:
+    ...     kv_cache = torch.empty(n, device="cuda")   # memory from vramkit
+    >>> x = torch.empty(n, device="cuda")              # PyTorch's own allocator
+    >>> p.stats()["reserved_bytes.all.current"]
+
+    Without ``vramkit.torch.use()``, PyTorch's allocator keeps every other allocation and
+    takes the memory of this scope's segments from vramkit (a ``torch.cuda.MemPool`` whose
+    allocator is vramkit's). With ``use()`` active, the scope is a private vramkit pool of its
+    own, apart from everything else, released when its tensors and the ``MemPool`` are gone.
+
+    Raises
+    ------
+    RuntimeError
+        This PyTorch has no ``torch.cuda.MemPool``/``torch.cuda.use_mem_pool`` (PyTorch 2.8
+        or later has them), or no CUDA device.
+    """
+    global _scoped_allocator
+    torch = _import_torch()
+    if not (hasattr(torch.cuda, "MemPool") and hasattr(torch.cuda, "use_mem_pool")):
+        raise RuntimeError("vramkit.torch.pool() needs torch.cuda.MemPool and torch.cuda.use_mem_pool, "
+                           f"which PyTorch {torch.__version__} lacks (PyTorch 2.8 or later has them); "
+                           "use vramkit.torch.use() to route every allocation instead")
+    if not torch.cuda.is_available():
+        raise RuntimeError("vramkit.torch.pool(): PyTorch sees no CUDA device")
+    index = _device_index(device)
+    if _state["active"]:
+        if not _state["hooks"]:
+            raise RuntimeError("vramkit.torch.pool() under vramkit.torch.use() needs vramkit's PyTorch hooks: "
+                               + hooks_available()[1])
+        mempool = torch.cuda.MemPool()
+    else:
+        _require_gpu()
+        with _lock:
+            if _scoped_allocator is None:
+                _scoped_allocator = torch.cuda.memory.CUDAPluggableAllocator(library_path(), _ALLOC_FN, _FREE_FN)
+        mempool = torch.cuda.MemPool(_scoped_allocator.allocator())
+    with torch.cuda.use_mem_pool(mempool, device=index):
+        yield ScopedPool(mempool, index)
 
 
 def _stream_handle(stream) -> int:
@@ -203,12 +391,11 @@ def record_stream(tensor, stream) -> None:
     everything queued on ``stream`` before the free has finished. Call it after queuing the
     work that uses the tensor on ``stream`` when the tensor was allocated on another stream.
 
-    PyTorch's own ``tensor.record_stream(stream)`` does not reach a pluggable allocator
-    (PyTorch's Python API gives no way to register the hook), so with vramkit active it
-    does nothing: use this function. Without vramkit active it calls
-    ``tensor.record_stream(stream)``.
+    With vramkit's PyTorch hooks (the usual case) ``tensor.record_stream(stream)`` itself
+    reaches vramkit, and this function just calls it. Without the hooks PyTorch's own call
+    does nothing under a pluggable allocator: this function then tells vramkit directly.
     """
-    if not _state["active"]:
+    if not _state["active"] or _state["hooks"]:
         tensor.record_stream(stream)
         return
     if not getattr(tensor, "is_cuda", False):

@@ -82,5 +82,8 @@ class device_resource {
 using bad_free_handler = void (*)(const device_resource&, void*, std::size_t, free_status);
 void set_bad_free_handler(bad_free_handler h) noexcept;
 std::size_t bad_free_count() noexcept;
+// Counts and reports a refused deallocation through the handler (for code
+// that frees with try_deallocate on a user's behalf).
+void report_bad_free(const device_resource& r, void* ptr, std::size_t bytes, free_status s) noexcept;
 
 }  // namespace vramkit

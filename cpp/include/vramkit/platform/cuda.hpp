@@ -26,6 +26,14 @@ stream_t create_stream(int device);
 void destroy_stream(stream_t s) noexcept;
 void synchronize_stream(stream_t s);
 void synchronize_device(int device);
+// Whether work queued on `s` is being captured into a CUDA graph (legal to
+// ask during a capture; never throws: an error reads as "not capturing").
+bool stream_is_capturing(stream_t s) noexcept;
+// Sets the calling thread's stream-capture mode to relaxed (so that calls a
+// graph capture in "global" mode forbids, such as mapping memory, are
+// allowed from this thread); returns the mode to restore.
+int relax_capture_mode() noexcept;
+void restore_capture_mode(int mode) noexcept;
 void copy_to_device(void* dst, const void* src, std::size_t bytes);
 void copy_to_host(void* dst, const void* src, std::size_t bytes);
 void memset_async(void* dst, int value, std::size_t bytes, stream_t s);

@@ -488,6 +488,23 @@ void synchronize_device(int device) {
   device_guard g(device);
   VK_CUDA(cudaDeviceSynchronize());
 }
+bool stream_is_capturing(stream_t s) noexcept {
+  cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(reinterpret_cast<cudaStream_t>(s), &st) != cudaSuccess) {
+    cudaGetLastError();
+    return false;
+  }
+  return st != cudaStreamCaptureStatusNone;
+}
+int relax_capture_mode() noexcept {
+  cudaStreamCaptureMode m = cudaStreamCaptureModeRelaxed;
+  if (cudaThreadExchangeStreamCaptureMode(&m) != cudaSuccess) cudaGetLastError();
+  return static_cast<int>(m);
+}
+void restore_capture_mode(int mode) noexcept {
+  cudaStreamCaptureMode m = static_cast<cudaStreamCaptureMode>(mode);
+  if (cudaThreadExchangeStreamCaptureMode(&m) != cudaSuccess) cudaGetLastError();
+}
 void copy_to_device(void* dst, const void* src, std::size_t bytes) {
   VK_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyHostToDevice));
 }

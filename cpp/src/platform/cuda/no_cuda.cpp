@@ -17,6 +17,9 @@ stream_t create_stream(int) { none(); }
 void destroy_stream(stream_t) noexcept {}
 void synchronize_stream(stream_t) { none(); }
 void synchronize_device(int) { none(); }
+bool stream_is_capturing(stream_t) noexcept { return false; }
+int relax_capture_mode() noexcept { return 0; }
+void restore_capture_mode(int) noexcept {}
 void copy_to_device(void*, const void*, std::size_t) { none(); }
 void copy_to_host(void*, const void*, std::size_t) { none(); }
 void memset_async(void*, int, std::size_t, stream_t) { none(); }
