@@ -136,6 +136,9 @@ class vramkit_allocator final : public pluggable {
                 "vramkit.torch.pool() instead of vramkit.torch.use()");
     vramkit_torch_incref_pool(device, id.first, id.second);
   }
+  // A scoped pool is used only inside its with-block: nothing to change.
+  void setUseOnOOM(c10::DeviceIndex, c10::cuda::MempoolId_t, bool) override {}
+  void setNoSplit(c10::DeviceIndex, c10::cuda::MempoolId_t) override {}
   int getPoolUseCount(c10::DeviceIndex device, c10::cuda::MempoolId_t id) override {
     return vramkit_torch_pool_users(device, id.first, id.second);
   }

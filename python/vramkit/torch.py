@@ -104,6 +104,33 @@ def _install(torch):
     return allocator
 
 
+IPC_REFUSED = (
+    "vramkit: this tensor's memory comes from vramkit's pool, which cannot be shared with another "
+    "process through CUDA IPC (torch.multiprocessing). Share it from a process that does not call "
+    "vramkit.torch.use(), route only chosen allocations through vramkit with vramkit.torch.pool(), or copy "
+    "the tensor to shared CPU memory (tensor.cpu().share_memory_())")
+
+
+def _refuse_ipc(torch) -> None:
+    # PyTorch would export the address with cudaIpcGetMemHandle, which VMM memory does not
+    # support: say so before it tries.
+    def _share_cuda_(self, *args, **kwargs):
+        raise RuntimeError(IPC_REFUSED)
+    torch.UntypedStorage._share_cuda_ = _share_cuda_
+
+
+def _plain_inductor_graphs() -> None:
+    # torch.compile(mode="reduce-overhead") records CUDA graphs in "trees" that checkpoint and
+    # restore the allocator's pool state (getCheckpointState / setCheckpointPoolState), which
+    # vramkit does not implement. Inductor's plain CUDA graphs (one private pool per graph,
+    # through torch.cuda.graph) work under vramkit.
+    try:
+        import torch._inductor.config as inductor_config
+        inductor_config.triton.cudagraph_trees = False
+    except Exception:  # an inductor without that setting: nothing to change
+        pass
+
+
 def _at_exit() -> None:
     # PyTorch frees tensors during interpreter teardown, after vramkit's state and
     # possibly CUDA are gone: from here on frees are dropped, silently (the process
@@ -234,6 +261,8 @@ def use(**pool_options) -> None:
                 _vramkit.set_current_resource(r, d)
             raise
         atexit.register(_at_exit)
+        _refuse_ipc(torch)
+        _plain_inductor_graphs()
         _state.update(active=True, conf=conf, allocator=allocator)
 
 
