@@ -277,11 +277,11 @@ def stats(device=None) -> dict:
 
 
 def _device_index(device) -> int:
+    if isinstance(device, int):
+        return device
     torch = _import_torch()
     if device is None:
         return torch.cuda.current_device()
-    if isinstance(device, int):
-        return device
     index = torch.device(device).index
     return torch.cuda.current_device() if index is None else index
 
