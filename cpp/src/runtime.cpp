@@ -53,10 +53,12 @@ std::shared_ptr<page_device> default_page_device(int device) {
   std::lock_guard<std::mutex> lk(g_mu);
   auto& p = g_pages[device];
   if (!p) {
+    // The pool's pages are the device's pages: one size for both.
+    std::size_t page = pool_options::from_env().page_size;
     if (current_backend() == backend::cuda)
-      p = cuda::make_vmm_device(device);
+      p = cuda::make_vmm_device(device, page);
     else
-      p = std::make_shared<host_page_device>(host_capacity(), std::size_t{2} << 20, device);
+      p = std::make_shared<host_page_device>(host_capacity(), page ? page : std::size_t{2} << 20, device);
   }
   return p;
 }
@@ -173,7 +175,8 @@ std::shared_ptr<device_resource> make_resource(const std::string& spec, int devi
       return std::make_shared<pool_resource>(
           std::make_shared<host_page_device>(host_capacity(), o.page_size ? o.page_size : 2 << 20, device),
           std::make_shared<host_stream_ops>(), o);
-    if (upstream == "vmm") return std::make_shared<pool_resource>(cuda::make_vmm_device(device), cuda::make_stream_ops(device), o);
+    if (upstream == "vmm")
+      return std::make_shared<pool_resource>(cuda::make_vmm_device(device, o.page_size), cuda::make_stream_ops(device), o);
     if (upstream == "cuda")
       return std::make_shared<pool_resource>(cuda::make_cuda_resource(device), cuda::make_stream_ops(device), o);
     if (upstream == "cuda_async")

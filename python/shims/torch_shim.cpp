@@ -44,6 +44,7 @@ std::shared_ptr<device_resource> make_private_pool(int device, capture_router* r
   o.defer_unmap = false;
   o.release_threshold = static_cast<std::size_t>(-1);
   o.reserve_limit = 0;
+  o.page_size = 0;  // the device's own pages: the main pool's may come from a device of their own
   auto events = std::make_shared<capture_aware_events>(
       default_stream_ops(device), [](stream_t s) { return cuda::stream_is_capturing(s); },
       [r] { return r->routing(); });

@@ -1,4 +1,5 @@
 """The Python API of the core on the host backend: every call and every error it documents."""
+import os
 import subprocess
 import sys
 
@@ -137,3 +138,20 @@ def test_cli_replay_json_on_default_trace():
         assert k in rows[0]
     assert rows[0]["peak_live_bytes"] == 755556864
     assert rows[0]["fragmentation"] <= 1.05
+
+
+def test_pool_pages_of_another_size_are_backed_whole():
+    """VRAMKIT_ALLOC_CONF=page_size:8MiB: the device's pages are 8 MiB too, so every byte of an
+    allocation is backed (a 2 MiB device page per 8 MiB pool page left the rest unmapped)."""
+    import subprocess
+    import sys
+    code = ("import numpy as np, vramkit\n"
+            "b = vramkit.alloc(24 << 20)\n"
+            "b.copy_from_host(np.full(24 << 20, 7, dtype=np.uint8).tobytes())\n"
+            "out = np.frombuffer(b.copy_to_host(), dtype=np.uint8)\n"
+            "assert (out == 7).all()\n"
+            "print(vramkit.memory_reserved())\n")
+    env = dict(os.environ, VRAMKIT_ALLOC_CONF="page_size:8MiB")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert int(p.stdout.split()[-1]) % (8 << 20) == 0

@@ -39,8 +39,12 @@ void copy_to_host(void* dst, const void* src, std::size_t bytes);
 void memset_async(void* dst, int value, std::size_t bytes, stream_t s);
 
 std::shared_ptr<stream_ops> make_stream_ops(int device);
-// Page-granular physical memory through cuMemCreate / cuMemMap.
-std::shared_ptr<page_device> make_vmm_device(int device);
+// Page-granular physical memory through cuMemCreate / cuMemMap, in pages of
+// page_size bytes (0: the driver's minimum granularity, 2 MiB). Each page is
+// one handle: the driver charges per handle mapped, so larger pages move
+// more memory per call. Throws invalid_argument when page_size is not a
+// multiple of the minimum granularity.
+std::shared_ptr<page_device> make_vmm_device(int device, std::size_t page_size = 0);
 // cudaMalloc / cudaFree.
 std::shared_ptr<device_resource> make_cuda_resource(int device);
 // cudaMallocAsync on a memory pool of its own; cached bytes above

@@ -101,14 +101,17 @@ const driver_api& driver() {
 // ---- vmm ---------------------------------------------------------------------
 class vmm_device final : public page_device {
  public:
-  explicit vmm_device(int device) : device_(device) {
+  vmm_device(int device, std::size_t page_size) : device_(device) {
     check_device(device);
     prop_.type = CU_MEM_ALLOCATION_TYPE_PINNED;
     prop_.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
     prop_.location.id = device;
     std::size_t g = 0;
     VK_DRV(driver().granularity(&g, &prop_, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
-    granularity_ = g;
+    if (page_size % g != 0)
+      throw invalid_argument("page_size " + std::to_string(page_size) + " is not a multiple of the device's " +
+                             "granularity " + std::to_string(g));
+    granularity_ = page_size ? page_size : g;
     std::size_t fr = 0, tot = 0;
     mem_get_info(device, fr, tot);
     capacity_ = tot / granularity_ * granularity_;
@@ -519,7 +522,9 @@ std::shared_ptr<stream_ops> make_stream_ops(int device) {
   check_device(device);
   return std::make_shared<cuda_events>(device);
 }
-std::shared_ptr<page_device> make_vmm_device(int device) { return std::make_shared<vmm_device>(device); }
+std::shared_ptr<page_device> make_vmm_device(int device, std::size_t page_size) {
+  return std::make_shared<vmm_device>(device, page_size);
+}
 std::shared_ptr<device_resource> make_cuda_resource(int device) {
   return std::make_shared<cuda_malloc_resource>(device);
 }

@@ -24,7 +24,7 @@ void copy_to_device(void*, const void*, std::size_t) { none(); }
 void copy_to_host(void*, const void*, std::size_t) { none(); }
 void memset_async(void*, int, std::size_t, stream_t) { none(); }
 std::shared_ptr<stream_ops> make_stream_ops(int) { none(); }
-std::shared_ptr<page_device> make_vmm_device(int) { none(); }
+std::shared_ptr<page_device> make_vmm_device(int, std::size_t) { none(); }
 std::shared_ptr<device_resource> make_cuda_resource(int) { none(); }
 std::shared_ptr<device_resource> make_cuda_async_resource(int, std::size_t) { none(); }
 }  // namespace vramkit::cuda
