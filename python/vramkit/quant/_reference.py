@@ -32,7 +32,8 @@ def from_f32(v: np.ndarray, dtype: str) -> np.ndarray:
     if dtype == "float32":
         return v
     if dtype == "float16":
-        return v.astype(np.float16)
+        with np.errstate(over="ignore"):  # beyond 65504 rounds to inf, as __float2half_rn does
+            return v.astype(np.float16)
     u = v.view(np.uint32)
     r = ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)).astype(np.uint16)
     r[np.isnan(v)] = 0x7FFF
