@@ -154,9 +154,9 @@ def test_gpu_every_code_and_every_threshold(fmt):
     block = 64
     per = block - 1  # each block: its absmax first, then 63 values
     nb = -(-v.size // per)
-    x = np.zeros(nb * block, np.float32)
-    x.reshape(nb, block)[:, 0] = qmax
-    x.reshape(nb, block)[:, 1:].reshape(-1)[: v.size] = v
+    rest = np.zeros(nb * per, np.float32)
+    rest[: v.size] = v
+    x = np.concatenate([np.full((nb, 1), qmax, np.float32), rest.reshape(nb, per)], axis=1).reshape(-1)
     xt = torch.from_numpy(x).cuda()
     q = vq.quantize(xt, fmt, block=block)
     check_against_reference(xt, q, fmt, block, "float32", f"{fmt} thresholds")
