@@ -2,10 +2,10 @@
 // decode, and the double quantization of the absmax values. See vramkit/quant.h.
 //
 // Work layout: a thread block of 256 threads takes 4096 elements at a time (a tile); each thread
-// holds 2 or 4 16-byte vectors of the input (rows), so every load instruction of a warp reads 512
-// contiguous bytes. A quantization block of B elements is B/V consecutive vectors of one row
-// (V = 4 fp32 or 8 fp16/bf16 elements per vector) or, for large B, several rows: its absmax comes
-// from warp shuffles, plus one shared-memory step when it spans more than one warp. The grid is
+// holds 2 or 4 16-byte vectors of the input (rows; V = 4 fp32 or 8 fp16/bf16 elements each), so
+// every load instruction of a warp reads 512 contiguous bytes. A quantization block of B elements
+// is B/V consecutive vectors: within one warp up to B = 512 (its absmax from warp shuffles and a
+// max over the thread's rows), across warps above that (one shared-memory step). The grid is
 // persistent (a few blocks per multiprocessor loop over the tiles), so the shared-memory tables of
 // the table formats are built once per thread block. All arithmetic is exact or correctly rounded
 // fp32 with no contraction (built with -fmad=false), so results are the same on every run and
@@ -123,18 +123,22 @@ __global__ void __launch_bounds__(kThreads) encode_kernel(const T* __restrict__ 
   constexpr int V = elem<T>::V, R = kTile / (kThreads * V), LOG2V = V == 4 ? 2 : 3;
   constexpr table_spec spec = spec_of(F);
   __shared__ shared_tables<F> tables;
-  __shared__ float part[kTile / 32 / 4];  // one partial absmax per warp and row (<= 32)
-  __shared__ float bmax[kTile / 128];     // one absmax per block of the tile when blocks span warps
+  __shared__ float part[kThreads / 32];  // one absmax per warp, for blocks that span warps
   build_tables<F>(tables);
 
-  const int tid = threadIdx.x, log2g = log2b - LOG2V, G = 1 << log2g;
+  // Warp w of the tile holds vectors w*32R .. w*32R + 32R - 1: row r of lane l is vector
+  // w*32R + 32r + l, so each load instruction of a warp reads 512 contiguous bytes and a block of
+  // up to 32R vectors (512 elements) lies within one warp: shuffles, no barrier.
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int log2g = log2b - LOG2V, G = 1 << log2g;  // vectors per block
   const int width = G < 32 ? G : 32;
+  const int rows_per_block = G <= 32 ? 1 : (G >> 5) < R ? (G >> 5) : R;
   const int64_t ntiles = (n + kTile - 1) / kTile;
   for (int64_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
     const int64_t base = tile * kTile;
     float v[R][V], m[R];
 #pragma unroll
-    for (int r = 0; r < R; ++r) load_vec<T, VEC>(x, base + static_cast<int64_t>(r * kThreads + tid) * V, n, v[r]);
+    for (int r = 0; r < R; ++r) load_vec<T, VEC>(x, base + static_cast<int64_t>(warp * 32 * R + r * 32 + lane) * V, n, v[r]);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       m[r] = 0.0f;
@@ -142,25 +146,31 @@ __global__ void __launch_bounds__(kThreads) encode_kernel(const T* __restrict__ 
       for (int j = 0; j < V; ++j) m[r] = fmaxf(m[r], fabsf(v[r][j]));
       for (int off = 1; off < width; off <<= 1) m[r] = fmaxf(m[r], __shfl_xor_sync(0xffffffffu, m[r], off));
     }
-    if (G > 32) {  // uniform over the thread block
-      __syncthreads();  // the last tile's readers of bmax are done
-      if ((tid & 31) == 0)
+    if (rows_per_block > 1) {  // a block spans rows of this warp
+      float g[R];
 #pragma unroll
-        for (int r = 0; r < R; ++r) part[(r * kThreads + tid) >> 5] = m[r];
-      __syncthreads();
-      const int per = G >> 5;
-      if (tid < (kTile >> log2b)) {
-        float a = 0.0f;
-        for (int i = 0; i < per; ++i) a = fmaxf(a, part[tid * per + i]);
-        bmax[tid] = a;
+      for (int r = 0; r < R; ++r) {
+        g[r] = m[r];
+#pragma unroll
+        for (int k = 0; k < R; ++k)
+          if ((k ^ r) < rows_per_block) g[r] = fmaxf(g[r], m[k]);  // same aligned group of rows
       }
-      __syncthreads();
 #pragma unroll
-      for (int r = 0; r < R; ++r) m[r] = bmax[(r * kThreads + tid) >> log2g];
+      for (int r = 0; r < R; ++r) m[r] = g[r];
+    }
+    if (G > 32 * R) {  // a block spans warps (B >= 1024); uniform over the thread block
+      __syncthreads();  // the last tile's readers of part are done
+      if (lane == 0) part[warp] = m[0];
+      __syncthreads();
+      const int warps = G / (32 * R), first = warp & ~(warps - 1);
+      float a = 0.0f;
+      for (int i = 0; i < warps; ++i) a = fmaxf(a, part[first + i]);
+#pragma unroll
+      for (int r = 0; r < R; ++r) m[r] = a;
     }
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const int vi = r * kThreads + tid;
+      const int vi = warp * 32 * R + r * 32 + lane;
       const int64_t e = base + static_cast<int64_t>(vi) * V;
       if ((vi & (G - 1)) == 0 && e < n) absmax[e >> log2b] = m[r];
       const float inv = m[r] > 0.0f ? fminf(__fdiv_rn(qmax(F), m[r]), FLT_MAX) : 0.0f;
