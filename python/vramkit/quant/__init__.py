@@ -40,6 +40,15 @@ def _align(n: int, a: int = _ALIGN) -> int:
     return (n + a - 1) // a * a
 
 
+def _device_library():
+    """The kernels, once it is clear GPU memory can be allocated through vramkit."""
+    lib = library()
+    if _vramkit.backend() != "cuda":
+        raise RuntimeError("vramkit.quant: the input is on a GPU but vramkit runs on its simulated host device "
+                           f"({_vramkit.cuda_unavailable_reason() or 'VRAMKIT_BACKEND=host'}); GPU arrays need the cuda backend")
+    return lib
+
+
 def _stream_of(stream, arr: Arr) -> int:
     return arr.stream if stream is None else int(_vramkit.to_stream(stream))
 
@@ -143,7 +152,7 @@ class QuantizedBuffer:
         return y.reshape(self.shape)
 
     def _dequantize_device(self, out, dtype, stream):
-        lib = library()
+        lib = _device_library()
         torch = sys.modules.get("torch")
         if out is not None:
             o = describe(out, dtype, where="dequantize", name="out")
@@ -229,7 +238,7 @@ def quantize(x, format: str = "int8", block: int | None = None, double_quant: bo
         return QuantizedBuffer(**common, device=None, stream=0, codes=codes, absmax=absmax, scale_codes=None,
                                scale_params=None, storage=None, nbytes=codes.nbytes + absmax.nbytes)
 
-    lib = library()
+    lib = _device_library()
     from .. import alloc
     st = _stream_of(stream, a)
     groups = -(-nb // SCALE_GROUP)
