@@ -1,0 +1,538 @@
+// Block-wise quantization kernels: encode (absmax per block, then one code per element),
+// decode, and the double quantization of the absmax values. See vramkit/quant.h.
+//
+// Work layout: a thread block of 256 threads takes 4096 elements at a time (a tile); each thread
+// holds 2 or 4 16-byte vectors of the input (rows; V = 4 fp32 or 8 fp16/bf16 elements each), so
+// every load instruction of a warp reads 512 contiguous bytes. A quantization block of B elements
+// is B/V consecutive vectors: within one warp up to B = 512 (its absmax from warp shuffles and a
+// max over the thread's rows), across warps above that (one shared-memory step). The grid is
+// persistent (a few blocks per multiprocessor loop over the tiles), so the shared-memory tables of
+// the table formats are built once per thread block. All arithmetic is exact or correctly rounded
+// fp32 with no contraction (built with -fmad=false), so results are the same on every run and
+// equal to the NumPy reference.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cfloat>
+#include <cstdint>
+#include <string>
+
+#include "quant_tables.cuh"
+
+namespace vramkit::quant {
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kTile = 4096;
+
+__host__ __device__ constexpr bool is_table(int f) { return f == VK_QUANT_INT8_DYNAMIC || f == VK_QUANT_NF4 || f == VK_QUANT_FP4; }
+__host__ __device__ constexpr bool is_4bit(int f) { return f == VK_QUANT_NF4 || f == VK_QUANT_FP4; }
+__host__ __device__ constexpr float qmax(int f) {
+  return f == VK_QUANT_INT8 ? 127.0f : f == VK_QUANT_FP8_E4M3 ? 448.0f : f == VK_QUANT_FP8_E5M2 ? 57344.0f
+                                    : f == VK_QUANT_FP4  ? 6.0f : 1.0f;
+}
+
+template <typename T> struct elem { static constexpr int V = 16 / sizeof(T); };
+
+// ---- element conversions from and to the raw bits of a 16-byte vector
+template <typename T> __device__ __forceinline__ float bits_to_float(uint32_t w, int half);
+template <> __device__ __forceinline__ float bits_to_float<float>(uint32_t w, int) { return __uint_as_float(w); }
+template <> __device__ __forceinline__ float bits_to_float<__nv_bfloat16>(uint32_t w, int h) {
+  return __uint_as_float(h ? (w & 0xffff0000u) : (w << 16));
+}
+template <> __device__ __forceinline__ float bits_to_float<__half>(uint32_t w, int h) {
+  return __half2float(__ushort_as_half(static_cast<unsigned short>(h ? w >> 16 : w & 0xffffu)));
+}
+template <typename T> __device__ __forceinline__ float load_one(const T* p);
+template <> __device__ __forceinline__ float load_one<float>(const float* p) { return *p; }
+template <> __device__ __forceinline__ float load_one<__half>(const __half* p) { return __half2float(*p); }
+template <> __device__ __forceinline__ float load_one<__nv_bfloat16>(const __nv_bfloat16* p) { return __bfloat162float(*p); }
+template <typename T> __device__ __forceinline__ uint32_t float_to_bits(float v);  // 16-bit types: low half
+template <> __device__ __forceinline__ uint32_t float_to_bits<float>(float v) { return __float_as_uint(v); }
+template <> __device__ __forceinline__ uint32_t float_to_bits<__half>(float v) { return __half_as_ushort(__float2half_rn(v)); }
+template <> __device__ __forceinline__ uint32_t float_to_bits<__nv_bfloat16>(float v) {
+  return __bfloat16_as_ushort(__float2bfloat16_rn(v));
+}
+template <typename T> __device__ __forceinline__ void store_one(T* p, float v);
+template <> __device__ __forceinline__ void store_one<float>(float* p, float v) { *p = v; }
+template <> __device__ __forceinline__ void store_one<__half>(__half* p, float v) { *p = __float2half_rn(v); }
+template <> __device__ __forceinline__ void store_one<__nv_bfloat16>(__nv_bfloat16* p, float v) { *p = __float2bfloat16_rn(v); }
+
+// V elements from element e on, as floats; zeros past n (they never raise an absmax).
+template <typename T, bool VEC>
+__device__ __forceinline__ void load_vec(const T* __restrict__ x, int64_t e, int64_t n, float* v) {
+  constexpr int V = elem<T>::V;
+  if (VEC && e + V <= n) {
+    const uint4 raw = __ldcs(reinterpret_cast<const uint4*>(x + e));  // read once: evict first
+    const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[j] = bits_to_float<T>(w[j * 4 / V], V == 8 ? (j & 1) : 0);
+  } else {
+#pragma unroll
+    for (int j = 0; j < V; ++j) v[j] = e + j < n ? load_one<T>(x + e + j) : 0.0f;
+  }
+}
+
+// ---- per-element encoders (the NumPy reference mirrors each step)
+__device__ __forceinline__ uint32_t enc_int8(float v, float inv) {
+  const float q = fminf(fmaxf(rintf(__fmul_rn(v, inv)), -127.0f), 127.0f);
+  return static_cast<uint32_t>(static_cast<uint8_t>(static_cast<int8_t>(__float2int_rn(q))));
+}
+template <int F>
+__device__ __forceinline__ uint32_t enc_fp8x2(float a, float b) {  // a -> low byte, b -> high byte
+  unsigned short r;
+  if constexpr (F == VK_QUANT_FP8_E4M3)
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(r) : "f"(b), "f"(a));
+  else
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(b), "f"(a));
+  return r;
+}
+__device__ __forceinline__ uint32_t enc_table(const table_spec& s, const uint2* bucket, float v) {
+  const uint2 b = bucket[bucket_of(s, __float_as_uint(v))];
+  return v > __uint_as_float(b.x) ? (b.y >> 8) & 0xffu : b.y & 0xffu;
+}
+
+template <int F> struct shared_tables {
+  static constexpr int kBuckets = is_table(F) ? spec_of(F).buckets() : 1;
+  uint2 bucket[kBuckets];
+  float thr[is_table(F) ? spec_of(F).slots : 1];
+};
+
+template <int F>
+__device__ void build_tables(shared_tables<F>& t) {
+  if constexpr (is_table(F)) {
+    constexpr table_spec s = spec_of(F);
+    for (int k = threadIdx.x; k < s.slots; k += blockDim.x)
+      t.thr[k] = k < s.values - 1 ? threshold(F, k) : __uint_as_float(0x7f800000u);
+    __syncthreads();
+    for (int b = threadIdx.x; b < s.buckets(); b += blockDim.x) {
+      uint32_t e[2];
+      bool ok;
+      make_bucket(F, s, t.thr, b, e, &ok);
+      t.bucket[b] = make_uint2(e[0], e[1]);
+    }
+    __syncthreads();
+  }
+}
+
+template <int F, typename T, bool VEC>
+__global__ void __launch_bounds__(kThreads) encode_kernel(const T* __restrict__ x, int64_t n, int log2b,
+                                                          uint8_t* __restrict__ codes, float* __restrict__ absmax) {
+  constexpr int V = elem<T>::V, R = kTile / (kThreads * V), LOG2V = V == 4 ? 2 : 3;
+  constexpr table_spec spec = spec_of(F);
+  __shared__ shared_tables<F> tables;
+  __shared__ float part[kThreads / 32];  // one absmax per warp, for blocks that span warps
+  build_tables<F>(tables);
+
+  // Warp w of the tile holds vectors w*32R .. w*32R + 32R - 1: row r of lane l is vector
+  // w*32R + 32r + l, so each load instruction of a warp reads 512 contiguous bytes and a block of
+  // up to 32R vectors (512 elements) lies within one warp: shuffles, no barrier.
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int log2g = log2b - LOG2V, G = 1 << log2g;  // vectors per block
+  const int width = G < 32 ? G : 32;
+  const int rows_per_block = G <= 32 ? 1 : (G >> 5) < R ? (G >> 5) : R;
+  const int64_t ntiles = (n + kTile - 1) / kTile;
+  for (int64_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+    const int64_t base = tile * kTile;
+    float v[R][V], m[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) load_vec<T, VEC>(x, base + static_cast<int64_t>(warp * 32 * R + r * 32 + lane) * V, n, v[r]);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      m[r] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < V; ++j) m[r] = fmaxf(m[r], fabsf(v[r][j]));
+      for (int off = 1; off < width; off <<= 1) m[r] = fmaxf(m[r], __shfl_xor_sync(0xffffffffu, m[r], off));
+    }
+    if (rows_per_block > 1) {  // a block spans rows of this warp
+      float g[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        g[r] = m[r];
+#pragma unroll
+        for (int k = 0; k < R; ++k)
+          if ((k ^ r) < rows_per_block) g[r] = fmaxf(g[r], m[k]);  // same aligned group of rows
+      }
+#pragma unroll
+      for (int r = 0; r < R; ++r) m[r] = g[r];
+    }
+    if (G > 32 * R) {  // a block spans warps (B >= 1024); uniform over the thread block
+      __syncthreads();  // the last tile's readers of part are done
+      if (lane == 0) part[warp] = m[0];
+      __syncthreads();
+      const int warps = G / (32 * R), first = warp & ~(warps - 1);
+      float a = 0.0f;
+      for (int i = 0; i < warps; ++i) a = fmaxf(a, part[first + i]);
+#pragma unroll
+      for (int r = 0; r < R; ++r) m[r] = a;
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int vi = warp * 32 * R + r * 32 + lane;
+      const int64_t e = base + static_cast<int64_t>(vi) * V;
+      if ((vi & (G - 1)) == 0 && e < n) absmax[e >> log2b] = m[r];
+      const float inv = m[r] > 0.0f ? fminf(__fdiv_rn(qmax(F), m[r]), FLT_MAX) : 0.0f;
+      uint32_t c[V];
+      if constexpr (F == VK_QUANT_INT8) {
+#pragma unroll
+        for (int j = 0; j < V; ++j) c[j] = enc_int8(v[r][j], inv);
+      } else if constexpr (F == VK_QUANT_FP8_E4M3 || F == VK_QUANT_FP8_E5M2) {
+#pragma unroll
+        for (int j = 0; j < V; j += 2) {
+          const uint32_t p = enc_fp8x2<F>(__fmul_rn(v[r][j], inv), __fmul_rn(v[r][j + 1], inv));
+          c[j] = p & 0xffu;
+          c[j + 1] = p >> 8;
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < V; ++j) c[j] = enc_table(spec, tables.bucket, __fmul_rn(v[r][j], inv));
+      }
+      if constexpr (is_4bit(F)) {  // first element in the high nibble
+        uint32_t w = 0;
+#pragma unroll
+        for (int j = 0; j < V; j += 2) w |= ((c[j] << 4) | c[j + 1]) << (4 * j);
+        uint8_t* dst = codes + (e >> 1);
+        if (VEC && e + V <= n) {
+          if constexpr (V == 4) *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(w);
+          else *reinterpret_cast<uint32_t*>(dst) = w;
+        } else {
+          for (int j = 0; j < V / 2; ++j)
+            if (e + 2 * j < n) dst[j] = static_cast<uint8_t>(w >> (8 * j));
+        }
+      } else {
+        uint32_t w[2] = {0, 0};
+#pragma unroll
+        for (int j = 0; j < V; ++j) w[j >> 2] |= c[j] << (8 * (j & 3));
+        uint8_t* dst = codes + e;
+        if (VEC && e + V <= n) {
+          if constexpr (V == 4) *reinterpret_cast<uint32_t*>(dst) = w[0];
+          else *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+        } else {
+          for (int j = 0; j < V; ++j)
+            if (e + j < n) dst[j] = static_cast<uint8_t>(w[j >> 2] >> (8 * (j & 3)));
+        }
+      }
+    }
+  }
+}
+
+template <int F>
+__device__ __forceinline__ float dec_value(uint32_t c, const float* lut) {
+  if constexpr (F == VK_QUANT_INT8) return static_cast<float>(static_cast<int8_t>(static_cast<uint8_t>(c)));
+  else if constexpr (F == VK_QUANT_FP8_E4M3 || F == VK_QUANT_FP8_E5M2) {
+    unsigned int h2;  // exact: every float8 value is a half value
+    const unsigned short in = static_cast<unsigned short>(c);
+    if constexpr (F == VK_QUANT_FP8_E4M3) asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(h2) : "h"(in));
+    else asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(h2) : "h"(in));
+    return __half2float(__ushort_as_half(static_cast<unsigned short>(h2 & 0xffffu)));
+  } else {
+    return lut[c];
+  }
+}
+
+template <int F, typename T, bool VEC>
+__global__ void __launch_bounds__(kThreads) decode_kernel(const uint8_t* __restrict__ codes, const float* __restrict__ absmax,
+                                                          const uint8_t* __restrict__ q8, const float* __restrict__ params,
+                                                          int64_t n, int log2b, T* __restrict__ out) {
+  constexpr int V = elem<T>::V, R = kTile / (kThreads * V);
+  constexpr int CB = is_4bit(F) ? V / 2 : V;  // code bytes per vector
+  __shared__ float lut[F == VK_QUANT_INT8_DYNAMIC ? 256 : 16];
+  if constexpr (is_table(F)) {
+    for (int k = threadIdx.x; k < (F == VK_QUANT_INT8_DYNAMIC ? 256 : 16); k += blockDim.x) lut[k] = decode_value(F, k);
+    __syncthreads();
+  }
+  const int tid = threadIdx.x;
+  const int64_t ntiles = (n + kTile - 1) / kTile;
+  for (int64_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+    const int64_t base = tile * kTile;
+    uint32_t cw[R][2];
+    float s[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {  // all loads of the tile first
+      const int64_t e = base + static_cast<int64_t>(r * kThreads + tid) * V;
+      cw[r][0] = cw[r][1] = 0;
+      s[r] = 0.0f;
+      if (e >= n) continue;
+      const uint8_t* src = codes + (is_4bit(F) ? e >> 1 : e);
+      if (VEC && e + V <= n) {
+        if constexpr (CB == 2) cw[r][0] = __ldcs(reinterpret_cast<const unsigned short*>(src));
+        else if constexpr (CB == 4) cw[r][0] = __ldcs(reinterpret_cast<const unsigned int*>(src));
+        else {
+          const uint2 t = __ldcs(reinterpret_cast<const uint2*>(src));
+          cw[r][0] = t.x;
+          cw[r][1] = t.y;
+        }
+      } else {
+        for (int j = 0; j < CB; ++j)
+          if ((is_4bit(F) ? e + 2 * j : e + j) < n) cw[r][j >> 2] |= static_cast<uint32_t>(src[j]) << (8 * (j & 3));
+      }
+      const int64_t blk = e >> log2b;
+      const float a = absmax ? __ldg(absmax + blk)
+                             : __fadd_rn(__ldg(params + 2 * (blk >> 8)),
+                                         __fmul_rn(static_cast<float>(__ldg(q8 + blk)), __ldg(params + 2 * (blk >> 8) + 1)));
+      s[r] = __fdiv_rn(a, qmax(F));
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t e = base + static_cast<int64_t>(r * kThreads + tid) * V;
+      if (e >= n) continue;
+      float o[V];
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        uint32_t c;
+        if constexpr (is_4bit(F)) {
+          const uint32_t byte = (cw[r][(j >> 1) >> 2] >> (8 * ((j >> 1) & 3))) & 0xffu;
+          c = (j & 1) ? byte & 0xfu : byte >> 4;
+        } else {
+          c = (cw[r][j >> 2] >> (8 * (j & 3))) & 0xffu;
+        }
+        o[j] = __fmul_rn(dec_value<F>(c, lut), s[r]);
+      }
+      if (VEC && e + V <= n) {
+        uint32_t w[4];
+        if constexpr (V == 4) {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) w[j] = float_to_bits<T>(o[j]);
+        } else {
+#pragma unroll
+          for (int j = 0; j < 4; ++j) w[j] = float_to_bits<T>(o[2 * j]) | (float_to_bits<T>(o[2 * j + 1]) << 16);
+        }
+        *reinterpret_cast<uint4*>(out + e) = make_uint4(w[0], w[1], w[2], w[3]);
+      } else {
+        for (int j = 0; j < V; ++j)
+          if (e + j < n) store_one<T>(out + e + j, o[j]);
+      }
+    }
+  }
+}
+
+// One thread block per group of 256 absmax values: min, max, then 8-bit codes of (a - min).
+__global__ void __launch_bounds__(kThreads) compress_scales_kernel(const float* __restrict__ absmax, int64_t nblocks,
+                                                                   uint8_t* __restrict__ q8, float* __restrict__ params) {
+  __shared__ float smin[kThreads / 32], smax[kThreads / 32];
+  const int tid = threadIdx.x;
+  const int64_t groups = (nblocks + VK_QUANT_SCALE_GROUP - 1) / VK_QUANT_SCALE_GROUP;
+  for (int64_t g = blockIdx.x; g < groups; g += gridDim.x) {
+    const int64_t i = g * VK_QUANT_SCALE_GROUP + tid;
+    const float nan = __uint_as_float(0x7fc00000u);  // fminf/fmaxf skip it
+    const float a = i < nblocks ? absmax[i] : nan;
+    float lo = a, hi = a;
+    for (int off = 16; off > 0; off >>= 1) {
+      lo = fminf(lo, __shfl_xor_sync(0xffffffffu, lo, off));
+      hi = fmaxf(hi, __shfl_xor_sync(0xffffffffu, hi, off));
+    }
+    __syncthreads();  // the last group's readers are done
+    if ((tid & 31) == 0) {
+      smin[tid >> 5] = lo;
+      smax[tid >> 5] = hi;
+    }
+    __syncthreads();
+    lo = smin[0];
+    hi = smax[0];
+    for (int w = 1; w < kThreads / 32; ++w) {
+      lo = fminf(lo, smin[w]);
+      hi = fmaxf(hi, smax[w]);
+    }
+    const float range = __fsub_rn(hi, lo);
+    const float inv = range > 0.0f ? fminf(__fdiv_rn(255.0f, range), FLT_MAX) : 0.0f;
+    if (i < nblocks) q8[i] = static_cast<uint8_t>(__float2uint_rn(fminf(rintf(__fmul_rn(__fsub_rn(a, lo), inv)), 255.0f)));
+    if (tid == 0) {
+      params[2 * g] = lo;
+      params[2 * g + 1] = __fdiv_rn(range, 255.0f);
+    }
+  }
+}
+
+// ---- host side
+thread_local std::string g_error;
+
+int fail(int code, std::string msg) {
+  g_error = std::move(msg);
+  return code;
+}
+
+int cuda_fail(cudaError_t e, const char* what) {
+  return fail(VK_QUANT_ECUDA, std::string(what) + ": " + cudaGetErrorName(e) + " (" + cudaGetErrorString(e) + ")");
+}
+
+int sm_count(int device) {
+  static std::atomic<int> cache[64];
+  if (device >= 0 && device < 64 && cache[device].load() > 0) return cache[device].load();
+  int sms = 0;
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess || sms <= 0) sms = 132;
+  if (device >= 0 && device < 64) cache[device].store(sms);
+  return sms;
+}
+
+// Persistent grid: as many thread blocks as fit on the device at once, at most one per tile.
+template <auto Kernel>
+unsigned grid_for(int64_t work_items, int device) {
+  static const int per_sm = [] {
+    int b = 0;
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, Kernel, kThreads, 0) == cudaSuccess && b > 0 ? b : 4;
+  }();
+  const int64_t g = static_cast<int64_t>(sm_count(device)) * per_sm;
+  return static_cast<unsigned>(work_items < g ? (work_items > 0 ? work_items : 1) : g);
+}
+
+bool aligned(const void* p, uintptr_t a) { return (reinterpret_cast<uintptr_t>(p) & (a - 1)) == 0; }
+
+int log2_block(int block) {
+  if (block < 32 || block > 4096 || (block & (block - 1)) != 0) return -1;
+  int l = 0;
+  while ((1 << l) < block) ++l;
+  return l;
+}
+
+// Runs fn on `device`, then makes the caller's device current again.
+template <typename Fn>
+int on_device(int device, Fn&& fn) {
+  int cur = -1;
+  cudaError_t e = cudaGetDevice(&cur);
+  if (e != cudaSuccess) return cuda_fail(e, "cudaGetDevice");
+  if (cur != device && (e = cudaSetDevice(device)) != cudaSuccess) return cuda_fail(e, "cudaSetDevice");
+  const int rc = fn();
+  if (cur != device) cudaSetDevice(cur);
+  return rc;
+}
+
+template <int F, typename T>
+int encode_as(const void* x, int64_t n, int log2b, void* codes, float* absmax, int device, cudaStream_t st) {
+  const int64_t tiles = (n + kTile - 1) / kTile;
+  const bool vec = aligned(x, 16) && aligned(codes, 8);
+  auto* xp = static_cast<const T*>(x);
+  auto* cp = static_cast<uint8_t*>(codes);
+  if (vec)
+    encode_kernel<F, T, true><<<grid_for<encode_kernel<F, T, true>>(tiles, device), kThreads, 0, st>>>(xp, n, log2b, cp, absmax);
+  else
+    encode_kernel<F, T, false><<<grid_for<encode_kernel<F, T, false>>(tiles, device), kThreads, 0, st>>>(xp, n, log2b, cp, absmax);
+  const cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? VK_QUANT_OK : cuda_fail(e, "vk_quant_encode: kernel launch");
+}
+
+template <int F, typename T>
+int decode_as(const void* codes, const float* absmax, const uint8_t* q8, const float* params, int64_t n, int log2b,
+              void* out, int device, cudaStream_t st) {
+  const int64_t tiles = (n + kTile - 1) / kTile;
+  const bool vec = aligned(out, 16) && aligned(codes, 8);
+  auto* cp = static_cast<const uint8_t*>(codes);
+  auto* op = static_cast<T*>(out);
+  if (vec)
+    decode_kernel<F, T, true><<<grid_for<decode_kernel<F, T, true>>(tiles, device), kThreads, 0, st>>>(
+        cp, absmax, q8, params, n, log2b, op);
+  else
+    decode_kernel<F, T, false><<<grid_for<decode_kernel<F, T, false>>(tiles, device), kThreads, 0, st>>>(
+        cp, absmax, q8, params, n, log2b, op);
+  const cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? VK_QUANT_OK : cuda_fail(e, "vk_quant_decode: kernel launch");
+}
+
+template <template <int, typename> class Op, typename... A>
+int dispatch(int format, int dtype, A... a) {
+#define VKQ_CASE(F)                                                                   \
+  case F:                                                                             \
+    return dtype == VK_QUANT_F32 ? Op<F, float>::run(a...)                            \
+         : dtype == VK_QUANT_F16 ? Op<F, __half>::run(a...) : Op<F, __nv_bfloat16>::run(a...);
+  switch (format) {
+    VKQ_CASE(VK_QUANT_INT8)
+    VKQ_CASE(VK_QUANT_INT8_DYNAMIC)
+    VKQ_CASE(VK_QUANT_FP8_E4M3)
+    VKQ_CASE(VK_QUANT_FP8_E5M2)
+    VKQ_CASE(VK_QUANT_NF4)
+    VKQ_CASE(VK_QUANT_FP4)
+  }
+#undef VKQ_CASE
+  return fail(VK_QUANT_EINVAL, "unknown format " + std::to_string(format));
+}
+template <int F, typename T> struct encode_op {
+  template <typename... A> static int run(A... a) { return encode_as<F, T>(a...); }
+};
+template <int F, typename T> struct decode_op {
+  template <typename... A> static int run(A... a) { return decode_as<F, T>(a...); }
+};
+
+int check_common(int format, int dtype, int64_t n, int block, const char* fn) {
+  if (format < VK_QUANT_INT8 || format > VK_QUANT_FP4) return fail(VK_QUANT_EINVAL, std::string(fn) + ": unknown format " + std::to_string(format));
+  if (dtype < VK_QUANT_F32 || dtype > VK_QUANT_BF16) return fail(VK_QUANT_EINVAL, std::string(fn) + ": unknown dtype " + std::to_string(dtype));
+  if (log2_block(block) < 0)
+    return fail(VK_QUANT_EINVAL, std::string(fn) + ": block must be a power of two from 32 to 4096 (got " + std::to_string(block) + ")");
+  if (n < 0) return fail(VK_QUANT_EINVAL, std::string(fn) + ": negative element count");
+  if (is_4bit(format) && (n & 1)) return fail(VK_QUANT_EINVAL, std::string(fn) + ": 4-bit formats need an even element count (got " + std::to_string(n) + ")");
+  return VK_QUANT_OK;
+}
+
+}  // namespace
+}  // namespace vramkit::quant
+
+using namespace vramkit::quant;
+
+extern "C" int vk_quant_encode(int format, int dtype, const void* x, int64_t n, int block, void* codes, float* absmax,
+                               int device, void* stream) {
+  if (int rc = check_common(format, dtype, n, block, "vk_quant_encode")) return rc;
+  if (n == 0) return VK_QUANT_OK;
+  if (!x || !codes || !absmax) return fail(VK_QUANT_EINVAL, "vk_quant_encode: null pointer");
+  return on_device(device, [&] {
+    return dispatch<encode_op>(format, dtype, x, n, log2_block(block), codes, absmax, device, static_cast<cudaStream_t>(stream));
+  });
+}
+
+extern "C" int vk_quant_decode(int format, int dtype, const void* codes, const float* absmax, const uint8_t* q8,
+                               const float* params, int64_t n, int block, void* out, int device, void* stream) {
+  if (int rc = check_common(format, dtype, n, block, "vk_quant_decode")) return rc;
+  if (n == 0) return VK_QUANT_OK;
+  if (!codes || !out || (!absmax && (!q8 || !params))) return fail(VK_QUANT_EINVAL, "vk_quant_decode: null pointer");
+  return on_device(device, [&] {
+    return dispatch<decode_op>(format, dtype, codes, absmax, q8, params, n, log2_block(block), out, device,
+                               static_cast<cudaStream_t>(stream));
+  });
+}
+
+extern "C" int vk_quant_compress_scales(const float* absmax, int64_t nblocks, uint8_t* q8, float* params, int device,
+                                        void* stream) {
+  if (nblocks < 0) return fail(VK_QUANT_EINVAL, "vk_quant_compress_scales: negative block count");
+  if (nblocks == 0) return VK_QUANT_OK;
+  if (!absmax || !q8 || !params) return fail(VK_QUANT_EINVAL, "vk_quant_compress_scales: null pointer");
+  return on_device(device, [&] {
+    const int64_t groups = (nblocks + VK_QUANT_SCALE_GROUP - 1) / VK_QUANT_SCALE_GROUP;
+    const unsigned grid = static_cast<unsigned>(groups < (1 << 20) ? groups : (1 << 20));
+    compress_scales_kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(absmax, nblocks, q8, params);
+    const cudaError_t e = cudaGetLastError();
+    return e == cudaSuccess ? VK_QUANT_OK : cuda_fail(e, "vk_quant_compress_scales: kernel launch");
+  });
+}
+
+extern "C" const char* vk_quant_last_error(void) { return g_error.c_str(); }
+
+extern "C" int vk_quant_pointer_device(const void* p) {
+  cudaPointerAttributes a{};
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();  // leave no sticky error for the next launch check
+    return -1;
+  }
+  return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged ? a.device : -1;
+}
+
+extern "C" int vk_quant_table(int format, int what, void* out, int cap) {
+  if (!is_table(format) || what < 0 || what > 2) return -1;
+  const table_spec s = spec_of(format);
+  float thr[256];
+  for (int k = 0; k < s.slots; ++k) thr[k] = k < s.values - 1 ? threshold(format, k) : u2f(0x7f800000u);
+  if (what == 0) {
+    const int count = format == VK_QUANT_INT8_DYNAMIC ? 256 : 16;
+    for (int c = 0; c < count && c < cap; ++c) static_cast<float*>(out)[c] = decode_value(format, static_cast<uint32_t>(c));
+    return count;
+  }
+  if (what == 1) {
+    for (int k = 0; k < s.values - 1 && k < cap; ++k) static_cast<float*>(out)[k] = thr[k];
+    return s.values - 1;
+  }
+  bool all_ok = true;
+  for (int b = 0; b < s.buckets() && b < cap; ++b) {
+    bool ok;
+    make_bucket(format, s, thr, b, static_cast<uint32_t*>(out) + 2 * b, &ok);
+    all_ok = all_ok && ok;
+  }
+  return all_ok ? s.buckets() : -2;
+}

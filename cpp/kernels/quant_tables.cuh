@@ -1,0 +1,162 @@
+// The code tables of the table formats (int8_dynamic, nf4, fp4), computed by the same
+// functions on the host (tests, vk_quant_table) and on the device (each thread block builds
+// its shared-memory copy), so both sides hold identical bits. python/vramkit/quant/_formats.py
+// computes the same tables with the same double-precision steps; a test compares them.
+//
+// Encoding a normalized value v picks the nearest table value: the index is the number of
+// thresholds (midpoints of neighbouring values, rounded to fp32) strictly below v. Rather than
+// a binary search per element, the kernels read a bucket table indexed by v's sign, exponent and
+// top mantissa bits; every bucket holds at most one threshold (checked when the table is built),
+// so one comparison finishes the search: code = v > bucket.thr ? bucket.hi : bucket.lo.
+#pragma once
+#include <cstdint>
+#include <cstring>
+
+#include "vramkit/quant.h"
+
+#if defined(__CUDACC__)
+#define VKQ_HD __host__ __device__ __forceinline__
+#define VKQ_HDC __host__ __device__ constexpr
+#else
+#define VKQ_HD inline
+#define VKQ_HDC constexpr
+#endif
+
+namespace vramkit::quant {
+
+struct table_spec {
+  int values;    // K: sorted distinct values (and K-1 thresholds)
+  int slots;     // thresholds padded with +inf to a power of two minus one, plus a sentinel
+  int e0;        // biased exponent of the lowest regular octave; smaller magnitudes share bucket 0
+  int octaves;   // regular octaves; magnitudes >= 2^(e0 + octaves - 127) share the last bucket
+  int mbits;     // top mantissa bits that split an octave
+  VKQ_HDC int per_sign() const { return (octaves << mbits) + 2; }
+  VKQ_HDC int buckets() const { return 2 * per_sign(); }
+};
+
+// dynamic map: |v| <= 1, smallest threshold ~2.7e-7; nf4: |v| <= 1; fp4: |v| <= 6.
+VKQ_HDC table_spec spec_of(int format) {
+  switch (format) {
+    case VK_QUANT_INT8_DYNAMIC: return {256, 256, 107, 20, 6};
+    case VK_QUANT_NF4: return {16, 16, 122, 5, 2};
+    default: return {15, 16, 125, 5, 2};  // VK_QUANT_FP4
+  }
+}
+constexpr int kMaxBuckets = 2 * ((20 << 6) + 2);  // the dynamic map's 2564
+
+VKQ_HD uint32_t f2u(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  return u;
+#endif
+}
+VKQ_HD float u2f(uint32_t u) {
+#if defined(__CUDA_ARCH__)
+  return __uint_as_float(u);
+#else
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+
+// Positive half of the signed dynamic map, ascending: decade i (0..6) holds 2^i values, the
+// midpoints of 2^i equal steps over [0.1, 1] scaled by 10^(i-6).
+VKQ_HD float dynamic_positive(int p) {  // p = 0..126
+  int i = 0;
+  while ((2 << i) <= p + 1) ++i;  // i = floor(log2(p + 1))
+  const int j = p + 1 - (1 << i);
+  const double scale[7] = {1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0};
+  const double v = (0.1 + 0.9 * static_cast<double>(2 * j + 1) / static_cast<double>(2 << i)) * scale[i];
+  return static_cast<float>(v);
+}
+
+VKQ_HD float nf4_value(int k) {
+  // NormalFloat4 (QLoRA, as bitsandbytes lists it): normal quantiles scaled to [-1, 1].
+  const double nf4[16] = {-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
+                          -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
+                          0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
+                          0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0};
+  return static_cast<float>(nf4[k]);
+}
+
+VKQ_HD float e2m1_magnitude(int c) {  // E2M1: 0, 0.5, 1, 1.5, 2, 3, 4, 6
+  const float m[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+  return m[c & 7];
+}
+
+// The k-th smallest value of the format's table.
+VKQ_HD float sorted_value(int format, int k) {
+  if (format == VK_QUANT_INT8_DYNAMIC) {
+    if (k < 127) return -dynamic_positive(126 - k);
+    if (k == 127) return 0.0f;
+    if (k == 255) return 1.0f;
+    return dynamic_positive(k - 128);
+  }
+  if (format == VK_QUANT_NF4) return nf4_value(k);
+  return k < 7 ? -e2m1_magnitude(7 - k) : e2m1_magnitude(k - 7);
+}
+
+// The stored code of the k-th smallest value.
+VKQ_HD uint32_t code_of(int format, int k) {
+  if (format != VK_QUANT_FP4) return static_cast<uint32_t>(k);
+  return k < 7 ? 8u | static_cast<uint32_t>(7 - k) : static_cast<uint32_t>(k - 7);
+}
+
+// The value a code decodes to (scale 1).
+VKQ_HD float decode_value(int format, uint32_t code) {
+  if (format == VK_QUANT_FP4) return (code & 8u) ? -e2m1_magnitude(static_cast<int>(code)) : e2m1_magnitude(static_cast<int>(code));
+  return sorted_value(format, static_cast<int>(code));
+}
+
+VKQ_HD float threshold(int format, int k) {  // between sorted values k and k+1
+  const double a = sorted_value(format, k), b = sorted_value(format, k + 1);
+  return static_cast<float>((a + b) * 0.5);
+}
+
+// Number of thr[0 .. slots-2] strictly below v (thr sorted, padded with +inf).
+VKQ_HD int count_below(const float* thr, int slots, float v) {
+  int pos = 0;
+  for (int step = slots >> 1; step > 0; step >>= 1)
+    if (thr[pos + step - 1] < v) pos += step;
+  return pos;
+}
+
+// Bucket of a normalized value's bits: sign, then the magnitude's octave and top mantissa bits.
+VKQ_HD int bucket_of(const table_spec& s, uint32_t bits) {
+  const int mag = static_cast<int>((bits & 0x7fffffffu) >> (23 - s.mbits)) - (s.e0 << s.mbits);
+  const int top = s.octaves << s.mbits;
+  const int t = (mag < -1 ? -1 : (mag > top ? top : mag)) + 1;
+  return static_cast<int>(bits >> 31) * s.per_sign() + t;
+}
+
+// Entry b of the bucket table: {threshold bits, low code | high code << 8}; ok = false when
+// the bucket would hold more than one threshold (a table_spec too coarse for its table).
+VKQ_HD void make_bucket(int format, const table_spec& s, const float* thr, int b, uint32_t* out, bool* ok) {
+  const int sign = b >= s.per_sign();
+  const int t = b - sign * s.per_sign();
+  const int top = s.octaves << s.mbits;
+  uint32_t lo_bits, hi_bits;  // magnitude range of the bucket, inclusive
+  if (t == 0) {
+    lo_bits = 0;
+    hi_bits = (static_cast<uint32_t>(s.e0) << 23) - 1;
+  } else if (t <= top) {
+    lo_bits = static_cast<uint32_t>((s.e0 << s.mbits) + t - 1) << (23 - s.mbits);
+    hi_bits = lo_bits + (1u << (23 - s.mbits)) - 1;
+  } else {
+    lo_bits = static_cast<uint32_t>(s.e0 + s.octaves) << 23;
+    hi_bits = 0x7f800000u;
+  }
+  const float vmin = sign ? -u2f(hi_bits) : u2f(lo_bits);
+  const float vmax = sign ? -u2f(lo_bits) : u2f(hi_bits);
+  const int lo = count_below(thr, s.slots, vmin), hi = count_below(thr, s.slots, vmax);
+  *ok = hi - lo <= 1;
+  const int last = s.values - 1;
+  out[0] = f2u(thr[lo]);  // +inf padding when lo == last: never below v
+  out[1] = code_of(format, lo) | (code_of(format, lo < last ? lo + 1 : last) << 8);
+}
+
+}  // namespace vramkit::quant
