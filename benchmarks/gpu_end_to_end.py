@@ -1,7 +1,7 @@
 """vramkit's end-to-end suite: real PyTorch workloads under vramkit and under PyTorch's allocator.
 
     python3 benchmarks/gpu_end_to_end.py [--workloads gpt2,resnet50,...] [--allocators default,expandable,vramkit]
-                                         [--steps 20] [--warmup 2] [--repeat 3] [--json results.json]
+                                         [--steps 15] [--warmup 2] [--repeat 3] [--json results.json]
                                          [--timeout 150] [--vramkit-conf growth_slack:0.05] [--quick] [--dry-run]
 
 Workloads (models built offline from configs, random weights, fixed seeds; see benchmarks/e2e/workloads.py):
@@ -32,6 +32,7 @@ import argparse
 import datetime
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -71,39 +72,91 @@ def plan(a) -> list[tuple[int, str, str]]:
     return out
 
 
-def run_child(rep: int, w: str, alloc: str, a, sampler, floor: int | None) -> dict:
-    snap = ""
-    if a.snapshot and alloc == "default":
-        snap = os.path.join(a.snapshot, f"{w}-default.pickle" if rep == 0 else f"{w}-default-{rep}.pickle")
-    cmd = [sys.executable, os.path.abspath(__file__), "--child", w, alloc, str(a.steps), str(a.warmup),
-           str(a.seed), "1" if a.deterministic else "0", a.vramkit_conf, snap]
-    rec: dict = {"workload": w, "allocator": alloc, "repeat": rep}
-    holder: dict = {}
-    if sampler is not None:
-        if floor is not None:
-            sampler.settle(floor)
-        sampler.start(lambda: holder.get("pid"))
-    t0 = time.perf_counter()
-    out = err = ""
-    rc = None
-    try:
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             env=child_env(alloc, a.deterministic), start_new_session=True)
-        holder["pid"] = p.pid
+class Launcher:
+    """Starts run processes: fresh interpreters (``--spawn fresh``), or forks of a zygote per
+    allocator environment that has imported torch and the model libraries (``--spawn fork``,
+    see e2e/zygote.py); either way each run is a new process with a new CUDA context."""
+
+    def __init__(self, a, tmpdir: str):
+        self.a, self.tmpdir, self.zygotes, self.mode = a, tmpdir, {}, a.spawn
+
+    def prepare(self, env: dict):
+        """The zygote for this environment, started (outside any measurement) if need be."""
+        if self.mode != "fork":
+            return None
+        key = env.get("PYTORCH_CUDA_ALLOC_CONF", "")
+        z = self.zygotes.get(key)
+        if z is not None and z.alive():
+            return z
+        from e2e.zygote import Zygote
+        log = os.path.join(self.tmpdir, f"zygote-{len(self.zygotes)}.log")
         try:
-            out, err = p.communicate(timeout=a.timeout)
+            z = self.zygotes[key] = Zygote(os.path.abspath(__file__), self.a.workloads, env, log)
+        except Exception as e:  # noqa: BLE001 - fall back to fresh interpreters, slower but sure
+            print(f"fork mode unavailable ({e}); running fresh interpreters", file=sys.stderr)
+            self.mode = "fresh"
+            return None
+        return z
+
+    def run(self, argv: list[str], env: dict, on_pid) -> tuple:
+        """Returns (rc, stdout, stderr, timed_out)."""
+        z = self.prepare(env)
+        if z is not None:
+            out_path = os.path.join(self.tmpdir, "run.out")
+            err_path = os.path.join(self.tmpdir, "run.err")
+            rc, timed_out = z.run(argv, out_path, err_path, self.a.timeout, on_pid)
+            with open(out_path, errors="replace") as f:
+                out = f.read()
+            with open(err_path, errors="replace") as f:
+                err = f.read()
+            return rc, out, err, timed_out
+        p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child"] + argv, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+        on_pid(p.pid)
+        try:
+            out, err = p.communicate(timeout=self.a.timeout)
+            return p.returncode, out, err, False
         except subprocess.TimeoutExpired:
             os.killpg(p.pid, signal.SIGKILL)  # the child's own process group, made for it above
             out, err = p.communicate()
-            rec["error"] = f"timed out after {a.timeout:g} s"
-        rc = p.returncode
-    except OSError as e:
-        rec["error"] = f"could not start the child: {e}"
-    finally:
+            return p.returncode, out, err, True
+
+    def close(self) -> None:
+        for z in self.zygotes.values():
+            z.close()
+
+
+def run_child(rep: int, w: str, alloc: str, a, launcher: Launcher, sampler, floor: int | None,
+              check_expandable: bool) -> dict:
+    snap = ""
+    if a.snapshot and alloc == "default":
+        snap = os.path.join(a.snapshot, f"{w}-default.pickle" if rep == 0 else f"{w}-default-{rep}.pickle")
+    argv = [w, alloc, str(a.steps), str(a.warmup), str(a.seed), "1" if a.deterministic else "0", a.vramkit_conf,
+            snap, "1" if check_expandable else "0"]
+    env = child_env(alloc, a.deterministic)
+    rec: dict = {"workload": w, "allocator": alloc, "repeat": rep}
+    holder: dict = {}
+    rc, out, err = None, "", ""
+    try:
+        launcher.prepare(env)
         if sampler is not None:
+            if floor is not None:
+                sampler.settle(floor)
+            sampler.start(lambda: holder.get("pid"))
+        t0 = time.perf_counter()
+        try:
+            rc, out, err, timed_out = launcher.run(argv, env, lambda pid: holder.__setitem__("pid", pid))
+            if timed_out:
+                rec["error"] = f"timed out after {a.timeout:g} s"
+        except (OSError, RuntimeError) as e:
+            rec["error"] = f"could not run the child: {e}"
+        rec["process_s"] = time.perf_counter() - t0
+    finally:
+        if sampler is not None and sampler.running():
             rec.update(sampler.stop())
-    rec["process_s"] = time.perf_counter() - t0
     rec["rc"] = rc
+    rec["pid"] = holder.get("pid")
+    rec["spawn"] = launcher.mode
     lines = [ln[len(RESULT_PREFIX):] for ln in out.splitlines() if ln.startswith(RESULT_PREFIX)]
     if lines:
         got = json.loads(lines[-1])
@@ -143,11 +196,12 @@ def write_json(path: str, doc: dict) -> None:
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    ap.add_argument("--zygote", help=argparse.SUPPRESS)
     ap.add_argument("--workloads", "--models", dest="workloads", default=",".join(WORKLOADS),
                     help="comma-separated, from: " + ",".join(WORKLOADS) + " (default: all)")
     ap.add_argument("--allocators", default=DEFAULT_ALLOCATORS,
                     help=f"comma-separated, from: {','.join(ALLOCATORS)} (default: {DEFAULT_ALLOCATORS})")
-    ap.add_argument("--steps", type=int, help="steps per run, the cold one included (default 20; 6 with --quick)")
+    ap.add_argument("--steps", type=int, help="steps per run, the cold one included (default 15; 6 with --quick)")
     ap.add_argument("--warmup", type=int, default=2,
                     help="leading steps left out of the warm median (default 2; the first is the cold step)")
     ap.add_argument("--repeat", type=int, help="fresh processes per (workload, allocator) (default 3; 1 with --quick)")
@@ -165,10 +219,13 @@ def parse_args(argv=None):
     ap.add_argument("--snapshot", metavar="DIR",
                     help="record PyTorch's allocation history of the 'default' runs into DIR/WORKLOAD-default.pickle "
                          "(slows them: their step times do not compare)")
+    ap.add_argument("--spawn", choices=("fork", "fresh"), default="fork",
+                    help="how run processes start: forked from a zygote that imported torch and the model "
+                         "libraries once (default), or fresh interpreters that import everything each run")
     ap.add_argument("--quick", action="store_true", help="smoke run: 6 steps, one repeat (unless given)")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and exit (needs no GPU, no torch)")
     a = ap.parse_args(argv)
-    if a.child:
+    if a.child or a.zygote:
         return a
     a.workloads = [w.strip() for w in a.workloads.split(",") if w.strip()]
     a.allocators = [x.strip() for x in a.allocators.split(",") if x.strip()]
@@ -180,7 +237,7 @@ def parse_args(argv=None):
         ap.error(f"unknown allocator {bad[0]!r} (known: {', '.join(ALLOCATORS)})" if bad else "no allocator given")
     if len(set(a.workloads)) != len(a.workloads) or len(set(a.allocators)) != len(a.allocators):
         ap.error("a workload or allocator is named twice (use --repeat for more runs)")
-    a.steps = a.steps if a.steps is not None else (6 if a.quick else 20)
+    a.steps = a.steps if a.steps is not None else (6 if a.quick else 15)
     a.repeat = a.repeat if a.repeat is not None else (1 if a.quick else 3)
     if a.warmup < 1:
         ap.error("--warmup must be at least 1 (the first step is the cold one)")
@@ -228,7 +285,15 @@ def main(argv=None) -> int:
     a = parse_args(argv)
     if a.child:
         from e2e import child
-        return child.main(a.child)
+        rc = child.main(a.child)
+        # Straight out: the interpreter's teardown (modules, CUDA objects) adds a second or more
+        # to every run and measures nothing.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+    if a.zygote:
+        from e2e import zygote
+        return zygote.serve(a.zygote.split(","))
     runs = plan(a)
     if a.dry_run:
         print_plan(a, runs)
@@ -244,7 +309,7 @@ def main(argv=None) -> int:
     except Exception as e:  # noqa: BLE001 - NVML is optional: the allocators' own figures remain
         nvml_note = f"NVML unavailable ({type(e).__name__}: {str(e)[:120]}): no NVML column"
         print(nvml_note, file=sys.stderr)
-    meta = {"date": stamp, "argv": sys.argv[1:] if argv is None else argv, "steps": a.steps, "warmup": a.warmup,
+    meta = {"date": stamp, "spawn": a.spawn, "argv": sys.argv[1:] if argv is None else argv, "steps": a.steps, "warmup": a.warmup,
             "repeat": a.repeat, "seed": a.seed, "deterministic": a.deterministic, "vramkit_conf": a.vramkit_conf,
             "workloads": a.workloads, "allocators": a.allocators, "nvml_device": getattr(sampler, "name", None),
             "nvml_interval_ms": a.nvml_interval_ms, "nvml_floor": floor}
@@ -258,9 +323,14 @@ def main(argv=None) -> int:
         return {"meta": meta, "summary": rows, "checksums": report.compare_checksums(records, a.workloads),
                 "runs": records}
 
+    tmpdir = tempfile.mkdtemp(prefix="vramkit-e2e-")
+    launcher = Launcher(a, tmpdir)
+    checked = False
     try:
         for i, (rep, w, al) in enumerate(runs, 1):
-            r = run_child(rep, w, al, a, sampler, floor)
+            check = al == "expandable" and not checked
+            checked = checked or check
+            r = run_child(rep, w, al, a, launcher, sampler, floor, check)
             r["order"] = i
             records.append(r)
             if a.out:
@@ -275,8 +345,10 @@ def main(argv=None) -> int:
     except KeyboardInterrupt:
         print("interrupted: reporting the runs made so far", file=sys.stderr)
     finally:
+        launcher.close()
         if sampler is not None:
             sampler.close()
+        shutil.rmtree(tmpdir, ignore_errors=True)
     doc = document(len(records) == len(runs))
     if a.json:
         write_json(a.json, doc)

@@ -75,7 +75,7 @@ def _numbers(d: dict, keys=None) -> dict:
             and not isinstance(v, bool)}
 
 
-def _allocator_stats(torch, alloc: str) -> dict:
+def _allocator_stats(torch, alloc: str, check_expandable: bool) -> dict:
     out: dict = {}
     if alloc in VRAMKIT_ALLOCATORS:
         import vramkit
@@ -97,9 +97,14 @@ def _allocator_stats(torch, alloc: str) -> dict:
     out["allocator_stats"] = _numbers(st, ("num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free",
                                            "num_sync_all_streams", "allocation.all.allocated",
                                            "segment.all.peak", "inactive_split_bytes.all.peak"))
-    try:  # did PYTORCH_CUDA_ALLOC_CONF take effect? expandable segments say so in the snapshot
+    if not check_expandable:
+        return out
+    # Did PYTORCH_CUDA_ALLOC_CONF take effect? Expandable segments say so in the snapshot, which
+    # took ~4 s on the H200 machine: the parent asks for it once per suite, not every run.
+    try:
         segs = torch.cuda.memory_snapshot()
-        out["expandable_segments"] = any(s.get("is_expandable", False) for s in segs)
+        flags = [s["is_expandable"] for s in segs if "is_expandable" in s]
+        out["expandable_segments"] = any(flags) if flags else None
         out["segments"] = len(segs)
     except Exception:  # noqa: BLE001
         pass
@@ -107,7 +112,7 @@ def _allocator_stats(torch, alloc: str) -> dict:
 
 
 def run(workload: str, alloc: str, steps: int, warmup: int, seed: int, vramkit_conf: str,
-        deterministic: bool, snapshot: str = "") -> dict:
+        deterministic: bool, snapshot: str = "", check_expandable: bool = False) -> dict:
     t_start = time.perf_counter()
     res: dict = {"workload": workload, "allocator": alloc, "steps": steps, "warmup": warmup, "seed": seed,
                  "deterministic": deterministic, "pid": os.getpid()}
@@ -138,7 +143,13 @@ def run(workload: str, alloc: str, steps: int, warmup: int, seed: int, vramkit_c
     # cuDNN's benchmark mode picks algorithms by timing them, run to run differently: off for
     # every allocator, so results compare bit for bit and no run's choice differs by luck.
     torch.backends.cudnn.benchmark = False
+    # cuDNN's attention builds an execution plan for every new shape (tens of ms each, measured on
+    # the H200: a decode loop whose KV length grows by one per token spent over a second a step)
+    # and its backward is not deterministic. Off: attention runs on PyTorch's flash and
+    # memory-efficient kernels, and the dynamic-shape workloads time the model, not cuDNN planning.
+    torch.backends.cuda.enable_cudnn_sdp(False)
     if deterministic:
+        import torch.utils.deterministic
         torch.use_deterministic_algorithms(True, warn_only=True)
         # Deterministic mode would also fill every torch.empty with NaN, a kernel per allocation
         # that real workloads do not run: left out, the timings stay those of the real loop.
@@ -185,19 +196,17 @@ def run(workload: str, alloc: str, steps: int, warmup: int, seed: int, vramkit_c
     if tracking is not None:
         res["tracking"] = _tracking_summary(tracking[1], hook_calls0)
         _tracking.release(tracking[0])  # the statistics below read the pool's own adaptor
-    res.update(_allocator_stats(torch, alloc))
+    res.update(_allocator_stats(torch, alloc, check_expandable))
     res.update(caught.summary())
     res["child_s"] = time.perf_counter() - t_start
     return res
 
 
 def main(argv: list[str]) -> int:
-    """``child.py WORKLOAD ALLOC STEPS WARMUP SEED DETERMINISTIC(0/1) [VRAMKIT_CONF [SNAPSHOT]]``"""
-    workload, alloc, steps, warmup, seed, det = argv[:6]
-    conf = argv[6] if len(argv) > 6 else ""
-    snap = argv[7] if len(argv) > 7 else ""
+    """``WORKLOAD ALLOC STEPS WARMUP SEED DETERMINISTIC(0/1) VRAMKIT_CONF SNAPSHOT CHECK_EXPANDABLE(0/1)``"""
+    workload, alloc, steps, warmup, seed, det, conf, snap, check = (argv + [""] * 9)[:9]
     try:
-        res = run(workload, alloc, int(steps), int(warmup), int(seed), conf, det == "1", snap)
+        res = run(workload, alloc, int(steps), int(warmup), int(seed), conf, det == "1", snap, check == "1")
     except BaseException as e:  # noqa: BLE001 - report every failure to the parent, then fail
         traceback.print_exc()
         msg = str(e).strip().splitlines()

@@ -87,10 +87,14 @@ class NvmlSampler:
             self.samples = n
             time.sleep(self.interval)
 
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
     def stop(self) -> dict:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=2)
+            self._thread = None
         return {"nvml_baseline": self.baseline, "nvml_peak_used": self.peak,
                 "nvml_peak": self.peak - self.baseline, "nvml_proc_peak": self.proc_peak,
                 "nvml_samples": self.samples}

@@ -81,10 +81,11 @@ def compare_checksums(runs: list[dict], workloads: list[str]) -> dict:
         elif within:
             verdict = "different (also between repeats of " + ", ".join(within) + ": not deterministic)"
         else:
-            ref = by.get("default", next(iter(by.values())))[0]
-            odd = sorted(a for a, cs in by.items() if cs[0] != ref)
-            verdict = "different (" + ", ".join(odd) + " differ from " + \
-                ("default" if "default" in by else next(iter(by))) + "; each allocator's repeats agree)"
+            ref_name = "default" if "default" in by else next(iter(by))
+            odd = sorted(a for a, cs in by.items() if cs[0] != by[ref_name][0])
+            repeated = all(len(cs) > 1 for cs in by.values())
+            verdict = (f"different ({', '.join(odd)} differ from {ref_name}; "
+                       + ("each allocator's repeats agree)" if repeated else "repeats not compared: one run each)"))
         nondet = sorted({t for r in good for t in r.get("nondeterministic_ops", [])})
         out[w] = {"verdict": verdict, "runs": len(good),
                   "by_allocator": {a: sorted(set(cs)) for a, cs in by.items()}, "nondeterministic_ops": nondet}

@@ -12,6 +12,7 @@ The importing parent never imports torch: builders import their libraries inside
 """
 from __future__ import annotations
 
+import importlib
 import random
 from dataclasses import dataclass, field
 from typing import Any, Callable
@@ -161,7 +162,14 @@ def build_t5(torch, seed: int) -> Runner:
         y = torch.randint(2, cfg.vocab_size, (batch, tgt), device="cuda", generator=g)
         return x, y
 
-    step = _train_step(torch, model, opt, lambda b: model(input_ids=b[0], labels=b[1]).loss)
+    def forward(b):
+        x, y = b
+        # The decoder input is the target shifted right behind T5's start token (0, its padding):
+        # made here, as transformers 5's T5Config no longer carries decoder_start_token_id.
+        dec = torch.cat([torch.zeros_like(y[:, :1]), y[:, :-1]], dim=1)
+        return model(input_ids=x, decoder_input_ids=dec, labels=y).loss
+
+    step = _train_step(torch, model, opt, forward)
     return Runner(inputs, step, _param_digest(torch, model), {"batch": batch, "src": "64-512", "tgt": "16-160"})
 
 
@@ -263,3 +271,28 @@ WORKLOADS = {w.name: w for w in (
     Workload("llama_gen", "infer", "dynamic", "Llama-style (8 x 1024, ~200M) greedy generation, bf16, batch 4-48, "
              "prompt 32-768, 16-32 new tokens, growing KV cache", build_llama_gen),
 )}
+
+
+# What each builder imports, for a zygote to import once before forking the runs (zygote.py).
+_IMPORTS = {
+    "gpt2": [("transformers", ("GPT2Config", "GPT2LMHeadModel"))],
+    "resnet50": [("torchvision.models", ("resnet50",)), ("timm", ())],
+    "bert": [("transformers", ("BertConfig", "BertModel"))],
+    "t5": [("transformers", ("T5Config", "T5ForConditionalGeneration"))],
+    "moe": [("transformers", ("MixtralConfig", "MixtralForCausalLM"))],
+    "vit": [("timm", ()), ("transformers", ("ViTConfig", "ViTForImageClassification"))],
+    "llama_gen": [("transformers", ("LlamaConfig", "LlamaForCausalLM"))],
+}
+
+
+def preload(names) -> None:
+    """Imports torch and what the named workloads' builders import (without touching CUDA)."""
+    import torch  # noqa: F401
+    for name in names:
+        for module, attrs in _IMPORTS[name]:
+            try:
+                m = importlib.import_module(module)
+                for a in attrs:
+                    getattr(m, a)  # transformers imports a model's module on first access
+            except ImportError:  # the builder falls back to another library, or says what is missing
+                pass
