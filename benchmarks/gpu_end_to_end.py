@@ -22,7 +22,7 @@ the median of the steps after ``--warmup`` the warm one. Peak allocated/reserved
 allocator (``torch.cuda.max_memory_*``; ``vramkit.max_memory_*`` under vramkit); the NVML peak is
 the device memory the process really took, sampled every 0.5 ms from this (parent) process. Each
 step's loss or output sums and the final parameters' sums make a checksum that must be equal
-between allocators (deterministic algorithms on, fixed seeds). The table shows medians over the
+between allocators (deterministic algorithms, fixed seeds). The table shows medians over the
 repeats, ratios against the better of ``default``/``expandable`` and the spread of peak memory
 over the repeats; ``--json`` keeps every raw number.
 """
@@ -131,9 +131,9 @@ def run_child(rep: int, w: str, alloc: str, a, launcher: Launcher, sampler, floo
     snap = ""
     if a.snapshot and alloc == "default":
         snap = os.path.join(a.snapshot, f"{w}-default.pickle" if rep == 0 else f"{w}-default-{rep}.pickle")
-    argv = [w, alloc, str(a.steps), str(a.warmup), str(a.seed), "1" if a.deterministic else "0", a.vramkit_conf,
+    argv = [w, alloc, str(a.steps), str(a.warmup), str(a.seed), a.determinism, a.vramkit_conf,
             snap, "1" if check_expandable else "0"]
-    env = child_env(alloc, a.deterministic)
+    env = child_env(alloc, a.determinism != "off")
     rec: dict = {"workload": w, "allocator": alloc, "repeat": rep}
     holder: dict = {}
     rc, out, err = None, "", ""
@@ -213,8 +213,10 @@ def parse_args(argv=None):
     ap.add_argument("--vramkit-conf", default="", metavar="CONF",
                     help="pool options for vramkit.torch.use(), VRAMKIT_ALLOC_CONF syntax: "
                          "'growth_slack:0.05,upstream=cuda' (default: none, the default pool)")
-    ap.add_argument("--nondeterministic", dest="deterministic", action="store_false",
-                    help="leave torch.use_deterministic_algorithms off (checksums may then differ run to run)")
+    ap.add_argument("--determinism", choices=("strict", "warn", "off"), default="strict",
+                    help="torch.use_deterministic_algorithms: 'strict' (default: deterministic kernels, flash "
+                         "attention's backward included; an op without one fails the run), 'warn' (warn_only=True: "
+                         "such ops run anyway, and flash attention's backward is not deterministic), 'off'")
     ap.add_argument("--nvml-interval-ms", type=float, default=0.5, help="NVML sampling period (default 0.5)")
     ap.add_argument("--snapshot", metavar="DIR",
                     help="record PyTorch's allocation history of the 'default' runs into DIR/WORKLOAD-default.pickle "
@@ -263,14 +265,14 @@ def parse_args(argv=None):
 
 
 def print_plan(a, runs) -> None:
-    print(f"{len(runs)} fresh processes: {len(a.workloads)} workloads x {len(a.allocators)} allocators x "
+    print(f"{len(runs)} runs, each a new process: {len(a.workloads)} workloads x {len(a.allocators)} allocators x "
           f"{a.repeat} repeats; {a.steps} steps each (cold = step 1, warm = median of steps {a.warmup + 1}-{a.steps}), "
-          f"seed {a.seed}, deterministic algorithms {'on' if a.deterministic else 'off'}, timeout {a.timeout:g} s")
+          f"seed {a.seed}, determinism {a.determinism}, spawn {a.spawn}, timeout {a.timeout:g} s")
     for w in a.workloads:
         wl = WORKLOADS[w]
         print(f"  {w:10s} {wl.mode:5s} {wl.shapes:7s} {wl.summary}")
     for al in a.allocators:
-        env = child_env(al, a.deterministic)
+        env = child_env(al, a.determinism != "off")
         how = {"default": "PyTorch's caching allocator",
                "expandable": f"PYTORCH_CUDA_ALLOC_CONF={env.get('PYTORCH_CUDA_ALLOC_CONF')}",
                "vramkit": f"vramkit.torch.use({a.vramkit_conf or ''})",
@@ -295,6 +297,7 @@ def main(argv=None) -> int:
         from e2e import zygote
         return zygote.serve(a.zygote.split(","))
     runs = plan(a)
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `... | head` ends the output quietly
     if a.dry_run:
         print_plan(a, runs)
         return 0
@@ -310,7 +313,7 @@ def main(argv=None) -> int:
         nvml_note = f"NVML unavailable ({type(e).__name__}: {str(e)[:120]}): no NVML column"
         print(nvml_note, file=sys.stderr)
     meta = {"date": stamp, "spawn": a.spawn, "argv": sys.argv[1:] if argv is None else argv, "steps": a.steps, "warmup": a.warmup,
-            "repeat": a.repeat, "seed": a.seed, "deterministic": a.deterministic, "vramkit_conf": a.vramkit_conf,
+            "repeat": a.repeat, "seed": a.seed, "determinism": a.determinism, "vramkit_conf": a.vramkit_conf,
             "workloads": a.workloads, "allocators": a.allocators, "nvml_device": getattr(sampler, "name", None),
             "nvml_interval_ms": a.nvml_interval_ms, "nvml_floor": floor}
     records: list[dict] = []

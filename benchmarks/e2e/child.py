@@ -112,10 +112,12 @@ def _allocator_stats(torch, alloc: str, check_expandable: bool) -> dict:
 
 
 def run(workload: str, alloc: str, steps: int, warmup: int, seed: int, vramkit_conf: str,
-        deterministic: bool, snapshot: str = "", check_expandable: bool = False) -> dict:
+        determinism: str, snapshot: str = "", check_expandable: bool = False) -> dict:
     t_start = time.perf_counter()
     res: dict = {"workload": workload, "allocator": alloc, "steps": steps, "warmup": warmup, "seed": seed,
-                 "deterministic": deterministic, "pid": os.getpid()}
+                 "determinism": determinism, "pid": os.getpid()}
+    if determinism not in ("strict", "warn", "off"):
+        raise SystemExit(f"unknown determinism {determinism!r} (strict, warn, off)")
     caught = _Warnings()
     tracking = None
     if alloc in VRAMKIT_ALLOCATORS:
@@ -148,9 +150,11 @@ def run(workload: str, alloc: str, steps: int, warmup: int, seed: int, vramkit_c
     # and its backward is not deterministic. Off: attention runs on PyTorch's flash and
     # memory-efficient kernels, and the dynamic-shape workloads time the model, not cuDNN planning.
     torch.backends.cuda.enable_cudnn_sdp(False)
-    if deterministic:
+    if determinism != "off":
         import torch.utils.deterministic
-        torch.use_deterministic_algorithms(True, warn_only=True)
+        # 'strict' (warn_only=False) is what makes flash and memory-efficient attention run their
+        # deterministic backward; with warn_only=True they warn and stay nondeterministic.
+        torch.use_deterministic_algorithms(True, warn_only=determinism == "warn")
         # Deterministic mode would also fill every torch.empty with NaN, a kernel per allocation
         # that real workloads do not run: left out, the timings stay those of the real loop.
         torch.utils.deterministic.fill_uninitialized_memory = False
@@ -203,10 +207,10 @@ def run(workload: str, alloc: str, steps: int, warmup: int, seed: int, vramkit_c
 
 
 def main(argv: list[str]) -> int:
-    """``WORKLOAD ALLOC STEPS WARMUP SEED DETERMINISTIC(0/1) VRAMKIT_CONF SNAPSHOT CHECK_EXPANDABLE(0/1)``"""
+    """``WORKLOAD ALLOC STEPS WARMUP SEED DETERMINISM VRAMKIT_CONF SNAPSHOT CHECK_EXPANDABLE(0/1)``"""
     workload, alloc, steps, warmup, seed, det, conf, snap, check = (argv + [""] * 9)[:9]
     try:
-        res = run(workload, alloc, int(steps), int(warmup), int(seed), conf, det == "1", snap, check == "1")
+        res = run(workload, alloc, int(steps), int(warmup), int(seed), conf, det, snap, check == "1")
     except BaseException as e:  # noqa: BLE001 - report every failure to the parent, then fail
         traceback.print_exc()
         msg = str(e).strip().splitlines()

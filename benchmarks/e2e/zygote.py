@@ -24,14 +24,23 @@ import threading
 import time
 
 
-def _cuda_driver_loaded() -> bool:
-    # A CUDA call before the fork (cuInit through cudaGetDeviceCount, say) would leave the runs
-    # a driver they cannot use; the driver library is mapped only once something called it.
-    try:
-        with open("/proc/self/maps") as f:
-            return "libcuda.so" in f.read()
-    except OSError:
-        return False
+def _forked_cuda_works() -> str:
+    """Forks a probe that initializes CUDA and allocates: '' when it can, else why not. A CUDA
+    call made while importing (cuInit through cudaGetDeviceCount, say) would leave every forked
+    run a driver it cannot use; the probe finds out before any run is forked."""
+    pid = os.fork()
+    if pid == 0:
+        rc = 1
+        try:
+            import torch
+            torch.zeros(1, device="cuda").add_(1)
+            torch.cuda.synchronize()
+            rc = 0
+        finally:
+            os._exit(rc)
+    _, status = os.waitpid(pid, 0)
+    rc = os.waitstatus_to_exitcode(status)
+    return "" if rc == 0 else f"a forked probe could not use CUDA (exit {rc})"
 
 
 def serve(workloads: list[str]) -> int:
@@ -39,8 +48,9 @@ def serve(workloads: list[str]) -> int:
     from e2e.workloads import preload
     preload(workloads)
     import torch
-    if torch.cuda.is_initialized() or _cuda_driver_loaded():
-        print("ERROR importing the libraries loaded the CUDA driver: runs cannot be forked", flush=True)
+    why = "importing the libraries initialized CUDA" if torch.cuda.is_initialized() else _forked_cuda_works()
+    if why:
+        print(f"ERROR {why}: runs cannot be forked", flush=True)
         return 1
     print("READY", flush=True)
     for line in sys.stdin:
