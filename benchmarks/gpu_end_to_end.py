@@ -61,6 +61,10 @@ def child_env(alloc: str, deterministic: bool) -> dict:
     return env
 
 
+def unique(names: list[str]) -> list[str]:
+    return list(dict.fromkeys(names))
+
+
 def plan(a) -> list[tuple[int, str, str]]:
     """(repeat, workload, allocator) in run order: repeat by repeat, workload by workload, the
     allocators rotated by one place each repeat so none always runs first."""
@@ -237,8 +241,6 @@ def parse_args(argv=None):
     bad = [x for x in a.allocators if x not in ALLOCATORS]
     if bad or not a.allocators:
         ap.error(f"unknown allocator {bad[0]!r} (known: {', '.join(ALLOCATORS)})" if bad else "no allocator given")
-    if len(set(a.workloads)) != len(a.workloads) or len(set(a.allocators)) != len(a.allocators):
-        ap.error("a workload or allocator is named twice (use --repeat for more runs)")
     a.steps = a.steps if a.steps is not None else (6 if a.quick else 15)
     a.repeat = a.repeat if a.repeat is not None else (1 if a.quick else 3)
     if a.warmup < 1:
@@ -268,10 +270,10 @@ def print_plan(a, runs) -> None:
     print(f"{len(runs)} runs, each a new process: {len(a.workloads)} workloads x {len(a.allocators)} allocators x "
           f"{a.repeat} repeats; {a.steps} steps each (cold = step 1, warm = median of steps {a.warmup + 1}-{a.steps}), "
           f"seed {a.seed}, determinism {a.determinism}, spawn {a.spawn}, timeout {a.timeout:g} s")
-    for w in a.workloads:
+    for w in unique(a.workloads):
         wl = WORKLOADS[w]
         print(f"  {w:10s} {wl.mode:5s} {wl.shapes:7s} {wl.summary}")
-    for al in a.allocators:
+    for al in unique(a.allocators):
         env = child_env(al, a.determinism != "off")
         how = {"default": "PyTorch's caching allocator",
                "expandable": f"PYTORCH_CUDA_ALLOC_CONF={env.get('PYTORCH_CUDA_ALLOC_CONF')}",
@@ -320,10 +322,10 @@ def main(argv=None) -> int:
     t_suite = time.perf_counter()
 
     def document(final: bool) -> dict:
-        rows = report.summarize(records, a.workloads, a.allocators)
+        rows = report.summarize(records, unique(a.workloads), unique(a.allocators))
         meta["wall_s"] = time.perf_counter() - t_suite
         meta["complete"] = final
-        return {"meta": meta, "summary": rows, "checksums": report.compare_checksums(records, a.workloads),
+        return {"meta": meta, "summary": rows, "checksums": report.compare_checksums(records, unique(a.workloads)),
                 "runs": records}
 
     tmpdir = tempfile.mkdtemp(prefix="vramkit-e2e-")
@@ -378,7 +380,7 @@ def main(argv=None) -> int:
     if nvml_note:
         print("  " + nvml_note)
     rows = {(r["workload"], r["allocator"]): r for r in doc["summary"]}
-    for w in a.workloads:
+    for w in unique(a.workloads):
         v, t = rows.get((w, "vramkit")), rows.get((w, "vramkit-tracking"))
         if v and t and v["warm_ms"] and t["warm_ms"]:
             print(f"  {w}: leak tracking with call sites costs {100 * (t['warm_ms'] / v['warm_ms'] - 1):+.1f}% "
