@@ -152,8 +152,8 @@ def run_child(rep: int, w: str, alloc: str, a, launcher: Launcher, sampler, floo
             rc, out, err, timed_out = launcher.run(argv, env, lambda pid: holder.__setitem__("pid", pid))
             if timed_out:
                 rec["error"] = f"timed out after {a.timeout:g} s"
-        except (OSError, RuntimeError) as e:
-            rec["error"] = f"could not run the child: {e}"
+        except Exception as e:  # noqa: BLE001 - reported as this run's failure; the suite goes on
+            rec["error"] = f"could not run the child: {type(e).__name__}: {e}"
         rec["process_s"] = time.perf_counter() - t0
     finally:
         if sampler is not None and sampler.running():

@@ -166,6 +166,7 @@ def run(workload: str, alloc: str, steps: int, warmup: int, seed: int, vramkit_c
 
     try:
         t = time.perf_counter()
+        res["setup_s"] = t - t_start - res["import_s"]
         runner = WORKLOADS[workload].build(torch, seed)
         torch.cuda.synchronize()
         res["build_s"] = time.perf_counter() - t
@@ -175,6 +176,7 @@ def run(workload: str, alloc: str, steps: int, warmup: int, seed: int, vramkit_c
             res["transformers"] = getattr(tf, "__version__", "?")
         res["info"] = runner.info
         times, values = [], []
+        t_loop = time.perf_counter()
         for i in range(steps):
             batch = runner.inputs(i)
             torch.cuda.synchronize()
@@ -184,6 +186,7 @@ def run(workload: str, alloc: str, steps: int, warmup: int, seed: int, vramkit_c
             times.append((time.perf_counter() - t) * 1e3)
             values.append([float(x).hex() for x in v])
             del batch
+        res["loop_s"] = time.perf_counter() - t_loop  # steps and their inputs
         res["digest"] = [float(x).hex() for x in runner.digest()]
     except torch.cuda.OutOfMemoryError as e:
         res["oom"] = str(e).splitlines()[0][:300]

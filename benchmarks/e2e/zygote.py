@@ -33,6 +33,10 @@ def _forked_cuda_works() -> str:
         rc = 1
         try:
             import torch
+            # As a run starts: vramkit.torch.use() asks is_available() (NVML-based here, see
+            # serve()), then the first tensor creates the context.
+            if not torch.cuda.is_available() or torch.cuda.device_count() < 1:
+                raise RuntimeError("no CUDA device visible after the fork")
             torch.zeros(1, device="cuda").add_(1)
             torch.cuda.synchronize()
             rc = 0
@@ -44,7 +48,9 @@ def _forked_cuda_works() -> str:
 
 
 def serve(workloads: list[str]) -> int:
-    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # is_available() without cuInit
+    # torch.cuda.is_available() through NVML rather than cuInit, should an import ask it: a
+    # cuInit here would leave the forked runs without a usable driver.
+    os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")
     from e2e.workloads import preload
     preload(workloads)
     import torch
