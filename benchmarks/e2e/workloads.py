@@ -227,7 +227,7 @@ def build_vit(torch, seed: int) -> Runner:
 
 def build_llama_gen(torch, seed: int) -> Runner:
     """Greedy generation with a Llama-style model (8 layers, hidden 1024, ~200M parameters, bf16):
-    batch 4-48 and prompt 32-768 tokens drawn per step, then 16-32 new tokens one at a time; the
+    batch 8-64 and prompt 64-1024 tokens drawn per step, then 16-32 new tokens one at a time; the
     KV cache (transformers' DynamicCache) grows by one token per layer at every new token."""
     from transformers import LlamaConfig, LlamaForCausalLM
     cfg = LlamaConfig(vocab_size=32000, hidden_size=1024, intermediate_size=2816, num_hidden_layers=8,
@@ -236,7 +236,7 @@ def build_llama_gen(torch, seed: int) -> Runner:
 
     def inputs(i):
         r = _shape_rng(seed, i)
-        b, prompt, new = r.randint(4, 48), r.randint(32, 768), r.randint(16, 32)
+        b, prompt, new = r.randint(8, 64), r.randint(64, 1024), r.randint(16, 32)
         ids = torch.randint(3, cfg.vocab_size, (b, prompt), device="cuda", generator=_gen(torch, seed, i))
         return ids, new
 
@@ -253,7 +253,7 @@ def build_llama_gen(torch, seed: int) -> Runner:
             gen = torch.cat(toks, dim=1).to(torch.float64)
             weights = torch.arange(1, gen.numel() + 1, device="cuda", dtype=torch.float64).view_as(gen)
             return torch.stack([gen.sum(), (gen * weights).sum()])
-    return Runner(inputs, step, lambda: [], {"batch": "4-48", "prompt": "32-768", "new_tokens": "16-32"})
+    return Runner(inputs, step, lambda: [], {"batch": "8-64", "prompt": "64-1024", "new_tokens": "16-32"})
 
 
 WORKLOADS = {w.name: w for w in (
@@ -268,8 +268,8 @@ WORKLOADS = {w.name: w for w in (
              "per-expert token counts from the routing, bf16 autocast, AdamW", build_moe),
     Workload("vit", "train", "dynamic", "ViT-B/16 (86M), batch 32-160 per step at 224x224, bf16 autocast, AdamW",
              build_vit),
-    Workload("llama_gen", "infer", "dynamic", "Llama-style (8 x 1024, ~200M) greedy generation, bf16, batch 4-48, "
-             "prompt 32-768, 16-32 new tokens, growing KV cache", build_llama_gen),
+    Workload("llama_gen", "infer", "dynamic", "Llama-style (8 x 1024, ~200M) greedy generation, bf16, batch 8-64, "
+             "prompt 64-1024, 16-32 new tokens, growing KV cache", build_llama_gen),
 )}
 
 
