@@ -1,33 +1,30 @@
-"""End-to-end training steps with vramkit as PyTorch's CUDA allocator vs PyTorch's own.
+"""vramkit's end-to-end suite: real PyTorch workloads under vramkit and under PyTorch's allocator.
 
-    python3 benchmarks/gpu_end_to_end.py [--out results.jsonl] [--models gpt2,resnet50]
-                                         [--allocators default,vramkit[,vramkit-tracking]]
-                                         [--warmup 3] [--steps 10]
+    python3 benchmarks/gpu_end_to_end.py [--workloads gpt2,resnet50,...] [--allocators default,expandable,vramkit]
+                                         [--steps 15] [--warmup 2] [--repeat 3] [--json results.json]
+                                         [--timeout 150] [--vramkit-conf growth_slack:0.05] [--quick] [--dry-run]
 
-Each (model, allocator) pair runs in its own process (``--child MODEL ALLOC``), since
-vramkit.torch.use() must come before PyTorch allocates and each run must start cold:
+Workloads (models built offline from configs, random weights, fixed seeds; see benchmarks/e2e/workloads.py):
+  gpt2       GPT-2 small training, static shapes        resnet50   ResNet-50 training, static shapes
+  bert       BERT-base inference, random batch x length t5         T5-base training, random lengths
+  moe        Mixtral-style MoE training, routing sizes  vit        ViT-B/16 training, random batch
+  llama_gen  Llama-style greedy generation, growing KV cache, random batch x prompt
 
-* gpt2: GPT-2 small (transformers ``GPT2Config()``, random weights), batch 8, sequence 1024
-  (halved until it fits), bf16 autocast, AdamW.
-* resnet50: torchvision's (or timm's) ResNet-50, batch 128, 224x224, bf16 autocast, SGD with momentum.
+Allocators: ``default`` (PyTorch's caching allocator), ``expandable``
+(``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``), ``vramkit`` (``vramkit.torch.use()`` first,
+with ``--vramkit-conf`` passed to it as options) and ``vramkit-tracking`` (vramkit plus leak
+tracking with Python call sites, for the cost of tracking).
 
-Allocators: ``default`` is PyTorch's own caching allocator; ``vramkit`` is vramkit.torch.use();
-``vramkit-tracking`` is vramkit.torch.use() plus leak tracking with Python call sites for the
-whole run (the tracking adaptor that ``vramkit.leaks`` installs, wrapping the device's current
-resource, so every tensor allocation records its size, stream and the Python line that made it).
-Compare ``vramkit-tracking`` with ``vramkit`` for the cost of tracking:
-
-    python3 benchmarks/gpu_end_to_end.py --models gpt2 --allocators vramkit,vramkit-tracking
-
-Its JSON line adds ``tracking``: the tracker's counts (allocs, frees, live, events dropped), the
-site hook's frame walks, and how many allocations in the event history got a call site (those
-made on PyTorch's autograd threads, which run no Python, get none).
-
-Warm-up steps, then timed steps (CUDA events around each step); the table shows the median
-step time, the first (cold) step, and the peak memory the allocator reserved and handed out:
-``torch.cuda.max_memory_reserved()/max_memory_allocated()`` for PyTorch's allocator,
-``vramkit.max_memory_reserved()/max_memory_allocated()`` for vramkit. VRAMKIT_ALLOC_CONF in
-the environment configures vramkit's pool. Whole script: about a minute and a half on an H200.
+Every (workload, allocator, repeat) runs in a fresh process; within each repeat the allocators of a
+workload run back to back, in an order rotated from repeat to repeat. Each run times every step
+(CUDA-synchronized wall time, inputs made before the clock starts): the first step is the cold one,
+the median of the steps after ``--warmup`` the warm one. Peak allocated/reserved come from the
+allocator (``torch.cuda.max_memory_*``; ``vramkit.max_memory_*`` under vramkit); the NVML peak is
+the device memory the process really took, sampled every 0.5 ms from this (parent) process. Each
+step's loss or output sums and the final parameters' sums make a checksum that must be equal
+between allocators (deterministic algorithms, fixed seeds). The table shows medians over the
+repeats, ratios against the better of ``default``/``expandable`` and the spread of peak memory
+over the repeats; ``--json`` keeps every raw number.
 """
 from __future__ import annotations
 
@@ -35,261 +32,360 @@ import argparse
 import datetime
 import json
 import os
-import statistics
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 import time
 
-MiB = 1 << 20
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from e2e import report  # noqa: E402
+from e2e.child import RESULT_PREFIX, parse_vramkit_conf  # noqa: E402
+from e2e.workloads import WORKLOADS  # noqa: E402
+
+ALLOCATORS = ("default", "expandable", "vramkit", "vramkit-tracking")
+DEFAULT_ALLOCATORS = "default,expandable,vramkit"
 
 
-def build_gpt2(torch, seq: int, batch: int):
-    from transformers import GPT2Config, GPT2LMHeadModel
-    cfg = GPT2Config()
-    model = GPT2LMHeadModel(cfg).cuda().train()
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    g = torch.Generator().manual_seed(0)
-    data = [torch.randint(0, cfg.vocab_size, (batch, seq), generator=g) for _ in range(4)]
-
-    def step(i):
-        x = data[i % len(data)].cuda(non_blocking=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(input_ids=x, labels=x).loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        return loss
-    return step
+def child_env(alloc: str, deterministic: bool) -> dict:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1",
+               TOKENIZERS_PARALLELISM="false")
+    if deterministic:
+        env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"  # what deterministic cuBLAS needs
+    # Each allocator gets exactly its own setting, whatever the calling shell has set.
+    env.pop("PYTORCH_ALLOC_CONF", None)
+    env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    if alloc == "expandable":
+        env["PYTORCH_CUDA_ALLOC_CONF"] = "expandable_segments:True"
+    return env
 
 
-def build_resnet50(torch, batch: int):
-    try:
-        import torchvision
-        model = torchvision.models.resnet50(weights=None)
-        source = "torchvision"
-    except ImportError:
-        import timm
-        model = timm.create_model("resnet50", pretrained=False)
-        source = "timm"
-    model = model.cuda().train()
-    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, weight_decay=1e-4)
-    g = torch.Generator().manual_seed(0)
-    xs = [torch.randn(batch, 3, 224, 224, generator=g) for _ in range(2)]
-    ys = [torch.randint(0, 1000, (batch,), generator=g) for _ in range(2)]
-    loss_fn = torch.nn.CrossEntropyLoss()
-
-    def step(i):
-        x = xs[i % 2].cuda(non_blocking=True)
-        y = ys[i % 2].cuda(non_blocking=True)
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = loss_fn(model(x), y)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-        return loss
-    step.source = source
-    return step
+def unique(names: list[str]) -> list[str]:
+    return list(dict.fromkeys(names))
 
 
-ALLOCATORS = ("default", "vramkit", "vramkit-tracking")
-
-
-def tracking_summary(tracker, hook_calls0: int) -> dict:
-    """What the tracker saw: counts, frame walks, and call sites in the event history."""
-    from vramkit import _vramkit
-    out = dict(_vramkit.tracking_counts(tracker))
-    out["hook_calls"] = _vramkit.site_hook_calls() - hook_calls0
-    ev = [e for e in _vramkit.tracked_events(tracker) if e[0] == "alloc"]
-    out["history_allocs"] = len(ev)
-    out["history_allocs_with_site"] = sum(1 for e in ev if e[5])
-    out["sites"] = len({e[5] for e in ev if e[5]})
+def plan(a) -> list[tuple[int, str, str]]:
+    """(repeat, workload, allocator) in run order: repeat by repeat, workload by workload, the
+    allocators rotated by one place each repeat so none always runs first."""
+    out = []
+    for rep in range(a.repeat):
+        k = rep % len(a.allocators)
+        order = a.allocators[k:] + a.allocators[:k]
+        out += [(rep, w, al) for w in a.workloads for al in order]
     return out
 
 
-def child(model_name: str, alloc: str, warmup: int, steps: int, seq: int, snapshot: str = "") -> dict:
-    if alloc not in ALLOCATORS:
-        raise SystemExit(f"unknown allocator {alloc!r} ({', '.join(ALLOCATORS)})")
-    tracking = None
-    if alloc.startswith("vramkit"):
-        import vramkit
-        import vramkit.torch
-        vramkit.torch.use()
-        if alloc == "vramkit-tracking":
-            from vramkit import _vramkit
-            from vramkit.leaks import _tracking
-            hook_calls0 = _vramkit.site_hook_calls()
-            tracking = _tracking.acquire(None, python_stacks=True)  # (device, tracker), until the end
-    import torch
-    torch.backends.cuda.matmul.allow_tf32 = True
-    torch.backends.cudnn.allow_tf32 = True
-    # cuDNN benchmark mode asks the allocator for cacheInfo, which PyTorch's pluggable
-    # allocators cannot answer: off for both allocators so the comparison is fair.
-    torch.backends.cudnn.benchmark = False
-    torch.manual_seed(0)
-    if snapshot:
-        # PyTorch's allocation history from the first allocation on, without stacks: a
-        # whole-run trace that `vramkit replay` reads (recording slows the steps down).
-        if alloc != "default":
-            raise SystemExit("--snapshot records PyTorch's own allocator's history: use it with 'default'")
-        torch.cuda.memory._record_memory_history(max_entries=1_000_000, context=None, stacks="python")
-    res = {"model": model_name, "allocator": alloc, "torch": torch.__version__,
-           "device": torch.cuda.get_device_name(0), "warmup": warmup, "steps": steps}
+class Launcher:
+    """Starts run processes: fresh interpreters (``--spawn fresh``), or forks of a zygote per
+    allocator environment that has imported torch and the model libraries (``--spawn fork``,
+    see e2e/zygote.py); either way each run is a new process with a new CUDA context."""
+
+    def __init__(self, a, tmpdir: str):
+        self.a, self.tmpdir, self.zygotes, self.mode = a, tmpdir, {}, a.spawn
+
+    def prepare(self, env: dict):
+        """The zygote for this environment, started (outside any measurement) if need be."""
+        if self.mode != "fork":
+            return None
+        key = env.get("PYTORCH_CUDA_ALLOC_CONF", "")
+        z = self.zygotes.get(key)
+        if z is not None and z.alive():
+            return z
+        from e2e.zygote import Zygote
+        log = os.path.join(self.tmpdir, f"zygote-{len(self.zygotes)}.log")
+        try:
+            z = self.zygotes[key] = Zygote(os.path.abspath(__file__), self.a.workloads, env, log)
+        except Exception as e:  # noqa: BLE001 - fall back to fresh interpreters, slower but sure
+            print(f"fork mode unavailable ({e}); running fresh interpreters", file=sys.stderr)
+            self.mode = "fresh"
+            return None
+        return z
+
+    def run(self, argv: list[str], env: dict, on_pid) -> tuple:
+        """Returns (rc, stdout, stderr, timed_out)."""
+        z = self.prepare(env)
+        if z is not None:
+            out_path = os.path.join(self.tmpdir, "run.out")
+            err_path = os.path.join(self.tmpdir, "run.err")
+            rc, timed_out = z.run(argv, out_path, err_path, self.a.timeout, on_pid)
+            with open(out_path, errors="replace") as f:
+                out = f.read()
+            with open(err_path, errors="replace") as f:
+                err = f.read()
+            return rc, out, err, timed_out
+        p = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--child"] + argv, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=env, start_new_session=True)
+        on_pid(p.pid)
+        try:
+            out, err = p.communicate(timeout=self.a.timeout)
+            return p.returncode, out, err, False
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)  # the child's own process group, made for it above
+            out, err = p.communicate()
+            return p.returncode, out, err, True
+
+    def close(self) -> None:
+        for z in self.zygotes.values():
+            z.close()
+
+
+def run_child(rep: int, w: str, alloc: str, a, launcher: Launcher, sampler, floor: int | None,
+              check_expandable: bool) -> dict:
+    snap = ""
+    if a.snapshot and alloc == "default":
+        snap = os.path.join(a.snapshot, f"{w}-default.pickle" if rep == 0 else f"{w}-default-{rep}.pickle")
+    argv = [w, alloc, str(a.steps), str(a.warmup), str(a.seed), a.determinism, a.vramkit_conf,
+            snap, "1" if check_expandable else "0"]
+    env = child_env(alloc, a.determinism != "off")
+    rec: dict = {"workload": w, "allocator": alloc, "repeat": rep}
+    holder: dict = {}
+    rc, out, err = None, "", ""
     try:
-        if model_name == "gpt2":
-            step = build_gpt2(torch, seq, 8)
-            res.update(batch=8, seq=seq)
-        elif model_name == "resnet50":
-            step = build_resnet50(torch, 128)
-            res.update(batch=128, source=step.source)
-        else:
-            raise SystemExit(f"unknown model {model_name!r} (gpt2, resnet50)")
-        torch.cuda.synchronize()
+        launcher.prepare(env)
+        if sampler is not None:
+            if floor is not None:
+                sampler.settle(floor)
+            sampler.start(lambda: holder.get("pid"))
         t0 = time.perf_counter()
-        step(0)
-        torch.cuda.synchronize()
-        res["first_step_ms"] = (time.perf_counter() - t0) * 1e3
-        for i in range(1, warmup):
-            step(i)
-        torch.cuda.synchronize()
-        times = []
-        loss = None
-        for i in range(steps):
-            a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            a.record()
-            loss = step(warmup + i)
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-        res["final_loss"] = float(loss)
-    except torch.cuda.OutOfMemoryError as e:
-        res["oom"] = str(e).splitlines()[0][:300]
-        print(json.dumps(res), flush=True)
-        return res
-    if snapshot:
-        torch.cuda.memory._dump_snapshot(snapshot)
-        torch.cuda.memory._record_memory_history(enabled=None)
-        res["snapshot"] = snapshot
-    if tracking is not None:
-        res["tracking"] = tracking_summary(tracking[1], hook_calls0)
-        _tracking.release(tracking[0])  # the statistics below read the pool's own adaptor
-    res["step_ms"] = times
-    res["median_ms"] = statistics.median(times)
-    res["min_ms"] = min(times)
-    if alloc.startswith("vramkit"):
-        res["peak_reserved"] = vramkit.max_memory_reserved()
-        res["peak_allocated"] = vramkit.max_memory_allocated()
-        st = vramkit.memory_stats()
-        res["vramkit"] = {k: st[k] for k in ("fragmentation", "peak_fragmentation", "num_device_alloc",
-                                             "num_alloc_retries", "pool.pages_remapped") if k in st}
-        res["alloc_conf"] = os.environ.get("VRAMKIT_ALLOC_CONF", "")
-    else:
-        res["peak_reserved"] = torch.cuda.max_memory_reserved()
-        res["peak_allocated"] = torch.cuda.max_memory_allocated()
-        res["alloc_conf"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
-    print(json.dumps(res), flush=True)
-    return res
+        try:
+            rc, out, err, timed_out = launcher.run(argv, env, lambda pid: holder.__setitem__("pid", pid))
+            if timed_out:
+                rec["error"] = f"timed out after {a.timeout:g} s"
+        except Exception as e:  # noqa: BLE001 - reported as this run's failure; the suite goes on
+            rec["error"] = f"could not run the child: {type(e).__name__}: {e}"
+        rec["process_s"] = time.perf_counter() - t0
+    finally:
+        if sampler is not None and sampler.running():
+            rec.update(sampler.stop())
+    rec["rc"] = rc
+    rec["pid"] = holder.get("pid")
+    rec["spawn"] = launcher.mode
+    lines = [ln[len(RESULT_PREFIX):] for ln in out.splitlines() if ln.startswith(RESULT_PREFIX)]
+    if lines:
+        got = json.loads(lines[-1])
+        got.update({k: v for k, v in rec.items() if k not in got or k == "error"})
+        rec = got
+    elif "error" not in rec:
+        tail = [ln for ln in err.strip().splitlines() if ln.strip()]
+        rec["error"] = f"rc {rc}: " + (tail[-1][:400] if tail else "no output")
+    if rc != 0 or "error" in rec:
+        rec["stderr_tail"] = err[-3000:]
+    return rec
 
 
-def run_child(model: str, alloc: str, a) -> dict:
-    seq = a.seq
-    while True:
-        cmd = [sys.executable, os.path.abspath(__file__), "--child", model, alloc,
-               "--warmup", str(a.warmup), "--steps", str(a.steps), "--seq", str(seq)]
-        if a.snapshot:
-            cmd += ["--snapshot", os.path.join(a.snapshot, f"{model}-{alloc}.pickle")]
-        env = dict(os.environ, PYTHONUNBUFFERED="1", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-        t0 = time.perf_counter()
-        p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=a.timeout)
-        lines = [ln for ln in p.stdout.splitlines() if ln.startswith("{")]
-        if p.returncode != 0 or not lines:
-            return {"model": model, "allocator": alloc, "error": f"rc {p.returncode}: {p.stderr[-1500:]}"}
-        r = json.loads(lines[-1])
-        r["process_s"] = time.perf_counter() - t0
-        if "oom" in r and model == "gpt2" and seq > 128:
-            seq //= 2  # "sequence 1024 if memory allows"
-            continue
-        return r
+def describe(r: dict) -> str:
+    if "error" in r:
+        return "FAILED " + r["error"]
+    if "oom" in r:
+        return "OUT OF MEMORY " + r["oom"]
+    nv = f", NVML {r['nvml_peak'] / report.MiB:,.0f} MiB" if isinstance(r.get("nvml_peak"), int) else ""
+    return (f"warm {r['warm_ms']:.1f} ms, cold {r['cold_ms']:.0f} ms, reserved "
+            f"{r['peak_reserved'] / report.MiB:,.0f} MiB{nv}")
 
 
-def fmt_mib(n) -> str:
-    return f"{n / MiB:,.0f}" if isinstance(n, (int, float)) else "-"
+def write_json(path: str, doc: dict) -> None:
+    # Whole file or nothing: written beside the target, then renamed over it.
+    d = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=".e2e-", suffix=".json", dir=d)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=1)
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
-def main() -> int:
+def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--child", nargs=2, metavar=("MODEL", "ALLOC"), help=argparse.SUPPRESS)
-    ap.add_argument("--models", default="gpt2,resnet50")
-    ap.add_argument("--allocators", default="default,vramkit")
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--seq", type=int, default=1024, help="GPT-2 sequence length to try first")
-    ap.add_argument("--timeout", type=float, default=200, help="seconds per child process")
-    ap.add_argument("--out", help="append one JSON line per run to this file")
-    ap.add_argument("--repeat", type=int, default=1,
-                    help="run every (model, allocator) pair this many times, interleaved; the summary "
-                         "compares the medians over runs")
+    ap.add_argument("--child", nargs="+", help=argparse.SUPPRESS)
+    ap.add_argument("--zygote", help=argparse.SUPPRESS)
+    ap.add_argument("--workloads", "--models", dest="workloads", default=",".join(WORKLOADS),
+                    help="comma-separated, from: " + ",".join(WORKLOADS) + " (default: all)")
+    ap.add_argument("--allocators", default=DEFAULT_ALLOCATORS,
+                    help=f"comma-separated, from: {','.join(ALLOCATORS)} (default: {DEFAULT_ALLOCATORS})")
+    ap.add_argument("--steps", type=int, help="steps per run, the cold one included (default 15; 6 with --quick)")
+    ap.add_argument("--warmup", type=int, default=2,
+                    help="leading steps left out of the warm median (default 2; the first is the cold step)")
+    ap.add_argument("--repeat", type=int, help="fresh processes per (workload, allocator) (default 3; 1 with --quick)")
+    ap.add_argument("--seed", type=int, default=0, help="seed of weights, shapes and data (default 0)")
+    ap.add_argument("--timeout", type=float, default=150.0, help="seconds one child may take (default 150)")
+    ap.add_argument("--json", metavar="PATH", help="write every raw number and the summary here (rewritten "
+                    "after each run, so an interrupted suite keeps what it measured)")
+    ap.add_argument("--out", metavar="PATH", help="also append one JSON line per run to this file")
+    ap.add_argument("--vramkit-conf", default="", metavar="CONF",
+                    help="pool options for vramkit.torch.use(), VRAMKIT_ALLOC_CONF syntax: "
+                         "'growth_slack:0.05,upstream=cuda' (default: none, the default pool)")
+    ap.add_argument("--determinism", choices=("strict", "warn", "off"), default="strict",
+                    help="torch.use_deterministic_algorithms: 'strict' (default: deterministic kernels, flash "
+                         "attention's backward included; an op without one fails the run), 'warn' (warn_only=True: "
+                         "such ops run anyway, and flash attention's backward is not deterministic), 'off'")
+    ap.add_argument("--nvml-interval-ms", type=float, default=0.5, help="NVML sampling period (default 0.5)")
     ap.add_argument("--snapshot", metavar="DIR",
-                    help="record PyTorch's allocation history of the 'default' runs into "
-                         "DIR/MODEL-default.pickle (slows them: their step times do not compare)")
-    a = ap.parse_args()
-    if a.child:
-        r = child(a.child[0], a.child[1], a.warmup, a.steps, a.seq, a.snapshot or "")
-        return 0 if "oom" not in r else 3
-
-    stamp = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+                    help="record PyTorch's allocation history of the 'default' runs into DIR/WORKLOAD-default.pickle "
+                         "(slows them: their step times do not compare)")
+    ap.add_argument("--spawn", choices=("fork", "fresh"), default="fork",
+                    help="how run processes start: forked from a zygote that imported torch and the model "
+                         "libraries once (default), or fresh interpreters that import everything each run")
+    ap.add_argument("--quick", action="store_true", help="smoke run: 6 steps, one repeat (unless given)")
+    ap.add_argument("--dry-run", action="store_true", help="print the plan and exit (needs no GPU, no torch)")
+    a = ap.parse_args(argv)
+    if a.child or a.zygote:
+        return a
+    a.workloads = [w.strip() for w in a.workloads.split(",") if w.strip()]
+    a.allocators = [x.strip() for x in a.allocators.split(",") if x.strip()]
+    bad = [w for w in a.workloads if w not in WORKLOADS]
+    if bad or not a.workloads:
+        ap.error(f"unknown workload {bad[0]!r} (known: {', '.join(WORKLOADS)})" if bad else "no workload given")
+    bad = [x for x in a.allocators if x not in ALLOCATORS]
+    if bad or not a.allocators:
+        ap.error(f"unknown allocator {bad[0]!r} (known: {', '.join(ALLOCATORS)})" if bad else "no allocator given")
+    a.steps = a.steps if a.steps is not None else (6 if a.quick else 15)
+    a.repeat = a.repeat if a.repeat is not None else (1 if a.quick else 3)
+    if a.warmup < 1:
+        ap.error("--warmup must be at least 1 (the first step is the cold one)")
+    if a.steps <= a.warmup:
+        ap.error(f"--steps ({a.steps}) must be greater than --warmup ({a.warmup})")
     if a.repeat < 1:
         ap.error("--repeat must be at least 1")
+    if not a.timeout > 0:
+        ap.error("--timeout must be positive")
+    if not 0.05 <= a.nvml_interval_ms <= 1000:
+        ap.error("--nvml-interval-ms must be between 0.05 and 1000")
+    try:
+        parse_vramkit_conf(a.vramkit_conf)
+    except ValueError as e:
+        ap.error(str(e))
+    if a.vramkit_conf and not any(x.startswith("vramkit") for x in a.allocators):
+        ap.error("--vramkit-conf given but no vramkit allocator is run")
+    if a.snapshot and "default" not in a.allocators:
+        ap.error("--snapshot records the 'default' runs: add 'default' to --allocators")
+    if a.json and not os.path.isdir(os.path.dirname(os.path.abspath(a.json))):
+        ap.error(f"--json {a.json}: no such directory")
+    return a
+
+
+def print_plan(a, runs) -> None:
+    print(f"{len(runs)} runs, each a new process: {len(a.workloads)} workloads x {len(a.allocators)} allocators x "
+          f"{a.repeat} repeats; {a.steps} steps each (cold = step 1, warm = median of steps {a.warmup + 1}-{a.steps}), "
+          f"seed {a.seed}, determinism {a.determinism}, spawn {a.spawn}, timeout {a.timeout:g} s")
+    for w in unique(a.workloads):
+        wl = WORKLOADS[w]
+        print(f"  {w:10s} {wl.mode:5s} {wl.shapes:7s} {wl.summary}")
+    for al in unique(a.allocators):
+        env = child_env(al, a.determinism != "off")
+        how = {"default": "PyTorch's caching allocator",
+               "expandable": f"PYTORCH_CUDA_ALLOC_CONF={env.get('PYTORCH_CUDA_ALLOC_CONF')}",
+               "vramkit": f"vramkit.torch.use({a.vramkit_conf or ''})",
+               "vramkit-tracking": "vramkit + leak tracking with Python call sites"}[al]
+        print(f"  {al:16s} {how}")
+    print("order:")
+    for i, (rep, w, al) in enumerate(runs, 1):
+        print(f"  {i:3d}. repeat {rep + 1}  {w:10s} {al}")
+
+
+def main(argv=None) -> int:
+    a = parse_args(argv)
+    if a.child:
+        from e2e import child
+        rc = child.main(a.child)
+        # Straight out: the interpreter's teardown (modules, CUDA objects) adds a second or more
+        # to every run and measures nothing.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(rc)
+    if a.zygote:
+        from e2e import zygote
+        return zygote.serve(a.zygote.split(","))
+    runs = plan(a)
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # `... | head` ends the output quietly
+    if a.dry_run:
+        print_plan(a, runs)
+        return 0
     if a.snapshot:
         os.makedirs(a.snapshot, exist_ok=True)
-    rows = []
-    for model in a.models.split(","):
-        for alloc in [x for _ in range(a.repeat) for x in a.allocators.split(",")]:
-            r = run_child(model, alloc, a)
-            r["date"] = stamp
-            rows.append(r)
+    stamp = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
+    sampler, nvml_note, floor = None, "", None
+    try:
+        from e2e.nvml import NvmlSampler
+        sampler = NvmlSampler(interval=a.nvml_interval_ms / 1e3)
+        floor = sampler.used()
+    except Exception as e:  # noqa: BLE001 - NVML is optional: the allocators' own figures remain
+        nvml_note = f"NVML unavailable ({type(e).__name__}: {str(e)[:120]}): no NVML column"
+        print(nvml_note, file=sys.stderr)
+    meta = {"date": stamp, "spawn": a.spawn, "argv": sys.argv[1:] if argv is None else argv, "steps": a.steps, "warmup": a.warmup,
+            "repeat": a.repeat, "seed": a.seed, "determinism": a.determinism, "vramkit_conf": a.vramkit_conf,
+            "workloads": a.workloads, "allocators": a.allocators, "nvml_device": getattr(sampler, "name", None),
+            "nvml_interval_ms": a.nvml_interval_ms, "nvml_floor": floor}
+    records: list[dict] = []
+    t_suite = time.perf_counter()
+
+    def document(final: bool) -> dict:
+        rows = report.summarize(records, unique(a.workloads), unique(a.allocators))
+        meta["wall_s"] = time.perf_counter() - t_suite
+        meta["complete"] = final
+        return {"meta": meta, "summary": rows, "checksums": report.compare_checksums(records, unique(a.workloads)),
+                "runs": records}
+
+    tmpdir = tempfile.mkdtemp(prefix="vramkit-e2e-")
+    launcher = Launcher(a, tmpdir)
+    checked = False
+    try:
+        for i, (rep, w, al) in enumerate(runs, 1):
+            check = al == "expandable" and not checked
+            checked = checked or check
+            r = run_child(rep, w, al, a, launcher, sampler, floor, check)
+            r["order"] = i
+            records.append(r)
             if a.out:
                 with open(a.out, "a") as f:
                     f.write(json.dumps(r) + "\n")
-            state = r.get("error") or r.get("oom") or f"{r['median_ms']:.1f} ms/step"
-            print(f"  {model:9s} {alloc:16s} {state}", file=sys.stderr, flush=True)
+            if a.json:
+                write_json(a.json, document(False))
+            el = time.perf_counter() - t_suite
+            eta = el / i * (len(runs) - i)
+            print(f"[{i:3d}/{len(runs)} {el / 60:4.1f} min, ~{eta / 60:.1f} left] r{rep + 1} {w:10s} {al:16s} "
+                  f"{describe(r)}  ({r['process_s']:.1f} s)", file=sys.stderr, flush=True)
+    except KeyboardInterrupt:
+        print("interrupted: reporting the runs made so far", file=sys.stderr)
+    finally:
+        launcher.close()
+        if sampler is not None:
+            sampler.close()
+        shutil.rmtree(tmpdir, ignore_errors=True)
+    doc = document(len(records) == len(runs))
+    if a.json:
+        write_json(a.json, doc)
 
-    dev = next((r.get("device") for r in rows if r.get("device")), "?")
-    tv = next((r.get("torch") for r in rows if r.get("torch")), "?")
-    print(f"\n{stamp}  {dev}  torch {tv}  warm-up {a.warmup}, timed {a.steps} steps (CUDA events)")
-    print("| model | allocator | batch x seq | median step ms | min ms | first step ms | peak reserved MiB "
-          "| peak allocated MiB | reserved/allocated |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        if "median_ms" not in r:
-            print(f"| {r['model']} | {r['allocator']} | | {r.get('error') or r.get('oom')} | | | | | |")
-            continue
-        shape = f"{r['batch']} x {r['seq']}" if "seq" in r else f"{r['batch']} x 224²"
-        ratio = r["peak_reserved"] / r["peak_allocated"] if r.get("peak_allocated") else float("nan")
-        print(f"| {r['model']} | {r['allocator']} | {shape} | {r['median_ms']:.1f} | {r['min_ms']:.1f} | "
-              f"{r['first_step_ms']:.0f} | {fmt_mib(r['peak_reserved'])} | {fmt_mib(r['peak_allocated'])} | "
-              f"{ratio:.3f} |")
-    by = {}
-    for r in rows:
-        if "median_ms" in r:
-            by.setdefault((r["model"], r["allocator"]), []).append(r)
-    # Over repeated runs: the median of the runs' median step times and peaks.
-    by = {k: {"median_ms": statistics.median(x["median_ms"] for x in v),
-              "peak_reserved": statistics.median(x["peak_reserved"] for x in v),
-              "tracking": v[-1].get("tracking", {}), "runs": len(v)} for k, v in by.items()}
-    if a.repeat > 1:
-        print(f"(summary below: medians over {a.repeat} runs of each pair)")
-    for model in a.models.split(","):
-        d, v, t = by.get((model, "default")), by.get((model, "vramkit")), by.get((model, "vramkit-tracking"))
-        if d and v:
-            print(f"{model}: vramkit step time {v['median_ms'] / d['median_ms']:.3f}x of PyTorch's allocator, "
-                  f"peak reserved {v['peak_reserved'] / d['peak_reserved']:.3f}x")
-        if v and t:
-            tr = t.get("tracking", {})
-            print(f"{model}: tracking with call sites costs {100 * (t['median_ms'] / v['median_ms'] - 1):+.1f}% "
-                  f"median step time over vramkit ({t['median_ms']:.1f} vs {v['median_ms']:.1f} ms); "
-                  f"{tr.get('allocs', 0)} allocations tracked, {tr.get('hook_calls', 0)} frame walks, "
-                  f"{tr.get('history_allocs_with_site', 0)} of the last {tr.get('history_allocs', 0)} with a site")
-    return 0 if all("median_ms" in r for r in rows) else 1
+    first = next((r for r in records if report.ok(r)), {})
+    print(f"\n{stamp}  {first.get('device', '?')}  torch {first.get('torch', '?')}  transformers "
+          f"{next((r['transformers'] for r in records if r.get('transformers')), '-')}  "
+          f"{a.steps} steps (warm: median of steps {a.warmup + 1}-{a.steps}), medians over {a.repeat} "
+          f"repeat(s), {meta['wall_s'] / 60:.1f} min")
+    print("ratios (x) against the better of default/expandable: the faster for times, the smaller for memory")
+    print(report.table(doc["summary"]))
+    print("\nresults equal across allocators (per-step losses/outputs and final parameters):")
+    for w, c in doc["checksums"].items():
+        extra = f"; nondeterministic ops warned: {'; '.join(c['nondeterministic_ops'])[:300]}" \
+            if c.get("nondeterministic_ops") and c["verdict"] != "equal" else ""
+        print(f"  {w:10s} {c['verdict']}{extra}")
+    failed = [r for r in records if not report.ok(r)]
+    for r in failed:
+        print(f"  FAILED r{r.get('repeat', 0) + 1} {r['workload']} {r['allocator']}: "
+              f"{r.get('error') or 'out of memory: ' + r.get('oom', '?')}")
+    wrong = [r for r in records if r.get("allocator") == "expandable" and r.get("expandable_segments") is False]
+    if wrong:
+        print(f"  WARNING: {len(wrong)} 'expandable' run(s) show no expandable segment: the setting did not take")
+    if nvml_note:
+        print("  " + nvml_note)
+    rows = {(r["workload"], r["allocator"]): r for r in doc["summary"]}
+    for w in unique(a.workloads):
+        v, t = rows.get((w, "vramkit")), rows.get((w, "vramkit-tracking"))
+        if v and t and v["warm_ms"] and t["warm_ms"]:
+            print(f"  {w}: leak tracking with call sites costs {100 * (t['warm_ms'] / v['warm_ms'] - 1):+.1f}% "
+                  f"warm step time over vramkit ({t['warm_ms']:.1f} vs {v['warm_ms']:.1f} ms)")
+    return 0 if records and not failed and len(records) == len(runs) else 1
 
 
 if __name__ == "__main__":

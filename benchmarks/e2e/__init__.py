@@ -1,0 +1,1 @@
+"""The parts of benchmarks/gpu_end_to_end.py: workloads, the child run, NVML sampling, the report."""

@@ -1,0 +1,225 @@
+"""One run of one workload under one allocator, in a process of its own.
+
+The allocator is chosen before PyTorch touches CUDA: ``vramkit.torch.use()`` first for vramkit,
+``PYTORCH_CUDA_ALLOC_CONF`` in the environment (set by the parent) for PyTorch's own. The result
+is one JSON line on stdout, prefixed with ``RESULT_PREFIX``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+import warnings
+
+RESULT_PREFIX = "E2E-RESULT "
+VRAMKIT_ALLOCATORS = ("vramkit", "vramkit-tracking")
+
+
+def parse_vramkit_conf(text: str) -> dict:
+    """``"growth_slack:0.05,upstream=cuda"`` -> ``{"growth_slack": "0.05", "upstream": "cuda"}``
+    (the ``VRAMKIT_ALLOC_CONF`` syntax), for ``vramkit.torch.use(**options)``. ValueError when malformed."""
+    out: dict = {}
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        if item.startswith("upstream="):
+            key, value = "upstream", item[len("upstream="):]
+        elif ":" in item:
+            key, value = item.split(":", 1)
+        else:
+            raise ValueError(f"--vramkit-conf item {item!r} is not KEY:VALUE (or upstream=KIND)")
+        key, value = key.strip(), value.strip()
+        if not key or not value or ":" in value or "=" in key:
+            raise ValueError(f"--vramkit-conf item {item!r} is not KEY:VALUE (or upstream=KIND)")
+        if key in out:
+            raise ValueError(f"--vramkit-conf sets {key!r} twice")
+        out[key] = value
+    return out
+
+
+class _Warnings:
+    """Collects warnings (first line, count) instead of printing them: the nondeterministic-op
+    alerts of ``use_deterministic_algorithms(warn_only=True)`` explain checksum differences."""
+
+    def __init__(self):
+        self.seen: dict[str, int] = {}
+        warnings.showwarning = self.show
+
+    def show(self, message, category, filename, lineno, file=None, line=None):
+        text = f"{category.__name__}: {str(message).strip().splitlines()[0][:240]}" if str(message).strip() \
+            else category.__name__
+        self.seen[text] = self.seen.get(text, 0) + 1
+
+    def summary(self) -> dict:
+        nondet = [t for t in self.seen if "determinis" in t]
+        return {"nondeterministic_ops": nondet[:20], "warnings": list(self.seen)[:20]}
+
+
+def _tracking_summary(tracker, hook_calls0: int) -> dict:
+    """What leak tracking with call sites saw: counts, frame walks, sites in the event history."""
+    from vramkit import _vramkit
+    out = dict(_vramkit.tracking_counts(tracker))
+    out["hook_calls"] = _vramkit.site_hook_calls() - hook_calls0
+    ev = [e for e in _vramkit.tracked_events(tracker) if e[0] == "alloc"]
+    out["history_allocs"] = len(ev)
+    out["history_allocs_with_site"] = sum(1 for e in ev if e[5])
+    out["sites"] = len({e[5] for e in ev if e[5]})
+    return out
+
+
+def _numbers(d: dict, keys=None) -> dict:
+    return {k: v for k, v in d.items() if (keys is None or k in keys) and isinstance(v, (int, float))
+            and not isinstance(v, bool)}
+
+
+def _allocator_stats(torch, alloc: str, check_expandable: bool) -> dict:
+    out: dict = {}
+    if alloc in VRAMKIT_ALLOCATORS:
+        import vramkit
+        out["peak_allocated"] = vramkit.max_memory_allocated()
+        out["peak_reserved"] = vramkit.max_memory_reserved()
+        out["stats_source"] = "vramkit"
+        st = vramkit.memory_stats()
+        out["allocator_stats"] = _numbers(st, None)
+        try:  # through vramkit's PyTorch hooks, when they are loaded; a bare pluggable allocator raises
+            out["torch_peak_allocated"] = torch.cuda.max_memory_allocated()
+            out["torch_peak_reserved"] = torch.cuda.max_memory_reserved()
+        except Exception as e:  # noqa: BLE001 - any failure only means "not available"
+            out["torch_stats_error"] = str(e).splitlines()[0][:200] if str(e) else type(e).__name__
+        return out
+    out["peak_allocated"] = torch.cuda.max_memory_allocated()
+    out["peak_reserved"] = torch.cuda.max_memory_reserved()
+    out["stats_source"] = "torch.cuda"
+    st = torch.cuda.memory_stats()
+    out["allocator_stats"] = _numbers(st, ("num_alloc_retries", "num_ooms", "num_device_alloc", "num_device_free",
+                                           "num_sync_all_streams", "allocation.all.allocated",
+                                           "segment.all.peak", "inactive_split_bytes.all.peak"))
+    if not check_expandable:
+        return out
+    # Did PYTORCH_CUDA_ALLOC_CONF take effect? Expandable segments say so in the snapshot, which
+    # took ~4 s on the H200 machine: the parent asks for it once per suite, not every run.
+    try:
+        segs = torch.cuda.memory_snapshot()
+        flags = [s["is_expandable"] for s in segs if "is_expandable" in s]
+        out["expandable_segments"] = any(flags) if flags else None
+        out["segments"] = len(segs)
+    except Exception:  # noqa: BLE001
+        pass
+    return out
+
+
+def run(workload: str, alloc: str, steps: int, warmup: int, seed: int, vramkit_conf: str,
+        determinism: str, snapshot: str = "", check_expandable: bool = False) -> dict:
+    t_start = time.perf_counter()
+    res: dict = {"workload": workload, "allocator": alloc, "steps": steps, "warmup": warmup, "seed": seed,
+                 "determinism": determinism, "pid": os.getpid()}
+    if determinism not in ("strict", "warn", "off"):
+        raise SystemExit(f"unknown determinism {determinism!r} (strict, warn, off)")
+    caught = _Warnings()
+    tracking = None
+    if alloc in VRAMKIT_ALLOCATORS:
+        import vramkit
+        import vramkit.torch
+        options = parse_vramkit_conf(vramkit_conf)
+        vramkit.torch.use(**options)  # first: before PyTorch initializes CUDA
+        res["vramkit_conf"] = vramkit.torch.pool_conf(**options) or os.environ.get("VRAMKIT_ALLOC_CONF", "")
+        res["vramkit_version"] = getattr(vramkit, "__version__", "?")
+        if alloc == "vramkit-tracking":
+            from vramkit import _vramkit
+            from vramkit.leaks import _tracking
+            hook_calls0 = _vramkit.site_hook_calls()
+            tracking = _tracking.acquire(None, python_stacks=True)  # (device, tracker), until the end
+    elif alloc not in ("default", "expandable"):
+        raise SystemExit(f"unknown allocator {alloc!r}")
+    res["alloc_conf"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
+
+    import torch
+    from e2e.workloads import WORKLOADS
+    res["import_s"] = time.perf_counter() - t_start
+    res["torch"] = torch.__version__
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    # cuDNN's benchmark mode picks algorithms by timing them, run to run differently: off for
+    # every allocator, so results compare bit for bit and no run's choice differs by luck.
+    torch.backends.cudnn.benchmark = False
+    # cuDNN's attention builds an execution plan for every new shape (tens of ms each, measured on
+    # the H200: a decode loop whose KV length grows by one per token spent over a second a step)
+    # and its backward is not deterministic. Off: attention runs on PyTorch's flash and
+    # memory-efficient kernels, and the dynamic-shape workloads time the model, not cuDNN planning.
+    torch.backends.cuda.enable_cudnn_sdp(False)
+    if determinism != "off":
+        import torch.utils.deterministic
+        # 'strict' (warn_only=False) is what makes flash and memory-efficient attention run their
+        # deterministic backward; with warn_only=True they warn and stay nondeterministic.
+        torch.use_deterministic_algorithms(True, warn_only=determinism == "warn")
+        # Deterministic mode would also fill every torch.empty with NaN, a kernel per allocation
+        # that real workloads do not run: left out, the timings stay those of the real loop.
+        torch.utils.deterministic.fill_uninitialized_memory = False
+    torch.manual_seed(seed)
+    if snapshot:
+        if alloc != "default":
+            raise SystemExit("--snapshot records PyTorch's own allocator's history: use it with 'default'")
+        torch.cuda.memory._record_memory_history(max_entries=1_000_000, context=None, stacks="python")
+
+    try:
+        t = time.perf_counter()
+        res["setup_s"] = t - t_start - res["import_s"]
+        runner = WORKLOADS[workload].build(torch, seed)
+        torch.cuda.synchronize()
+        res["build_s"] = time.perf_counter() - t
+        res["device"] = torch.cuda.get_device_name(0)
+        tf = sys.modules.get("transformers")
+        if tf is not None:
+            res["transformers"] = getattr(tf, "__version__", "?")
+        res["info"] = runner.info
+        times, values = [], []
+        t_loop = time.perf_counter()
+        for i in range(steps):
+            batch = runner.inputs(i)
+            torch.cuda.synchronize()
+            t = time.perf_counter()
+            v = runner.step(batch).tolist()
+            torch.cuda.synchronize()
+            times.append((time.perf_counter() - t) * 1e3)
+            values.append([float(x).hex() for x in v])
+            del batch
+        res["loop_s"] = time.perf_counter() - t_loop  # steps and their inputs
+        res["digest"] = [float(x).hex() for x in runner.digest()]
+    except torch.cuda.OutOfMemoryError as e:
+        res["oom"] = str(e).splitlines()[0][:300]
+        res.update(caught.summary())
+        return res
+    res["step_ms"] = times
+    res["cold_ms"] = times[0]
+    res["warm_ms"] = statistics.median(times[warmup:])
+    res["values"] = values
+    if snapshot:
+        torch.cuda.memory._dump_snapshot(snapshot)
+        torch.cuda.memory._record_memory_history(enabled=None)
+        res["snapshot"] = snapshot
+    if tracking is not None:
+        res["tracking"] = _tracking_summary(tracking[1], hook_calls0)
+        _tracking.release(tracking[0])  # the statistics below read the pool's own adaptor
+    res.update(_allocator_stats(torch, alloc, check_expandable))
+    res.update(caught.summary())
+    res["child_s"] = time.perf_counter() - t_start
+    return res
+
+
+def main(argv: list[str]) -> int:
+    """``WORKLOAD ALLOC STEPS WARMUP SEED DETERMINISM VRAMKIT_CONF SNAPSHOT CHECK_EXPANDABLE(0/1)``"""
+    workload, alloc, steps, warmup, seed, det, conf, snap, check = (argv + [""] * 9)[:9]
+    try:
+        res = run(workload, alloc, int(steps), int(warmup), int(seed), conf, det, snap, check == "1")
+    except BaseException as e:  # noqa: BLE001 - report every failure to the parent, then fail
+        traceback.print_exc()
+        msg = str(e).strip().splitlines()
+        res = {"workload": workload, "allocator": alloc,
+               "error": f"{type(e).__name__}: {msg[0][:400] if msg else ''}".rstrip(": ")}
+        print(RESULT_PREFIX + json.dumps(res), flush=True)
+        return 1
+    print(RESULT_PREFIX + json.dumps(res), flush=True)
+    return 3 if "oom" in res else 0

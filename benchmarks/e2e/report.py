@@ -1,0 +1,127 @@
+"""Medians over repeats, ratios against PyTorch's allocators, the checksum verdict, the table.
+
+Pure Python on the runs' JSON records: no torch, so it is tested without a GPU.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+
+MiB = 1 << 20
+BASELINES = ("default", "expandable")  # PyTorch's allocator without and with expandable segments
+MEASURES = ("cold_ms", "warm_ms", "peak_allocated", "peak_reserved", "nvml_peak")
+
+
+def ok(run: dict) -> bool:
+    return "warm_ms" in run and "error" not in run and "oom" not in run
+
+
+def checksum(run: dict) -> str:
+    """What must be equal between allocators: every step's checksum values and the final digest."""
+    text = json.dumps([run.get("values"), run.get("digest")], separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _spread(xs: list) -> float | None:
+    xs = [x for x in xs if isinstance(x, (int, float))]
+    if len(xs) < 2:
+        return None
+    m = statistics.median(xs)
+    return 100.0 * (max(xs) - min(xs)) / m if m else None
+
+
+def summarize(runs: list[dict], workloads: list[str], allocators: list[str]) -> list[dict]:
+    """One row per (workload, allocator): medians over its successful runs, the spread of its peak
+    memory over the repeats in %, and ratios against the better of PyTorch's two allocators (the
+    faster for times, the smaller for each memory figure)."""
+    rows = []
+    for w in workloads:
+        group = {}
+        for a in allocators:
+            rs = [r for r in runs if r.get("workload") == w and r.get("allocator") == a]
+            good = [r for r in rs if ok(r)]
+            row = {"workload": w, "allocator": a, "runs": len(good), "failed": len(rs) - len(good),
+                   "failures": sorted({(r.get("error") or r.get("oom") or "no result")[:200]
+                                       for r in rs if not ok(r)})}
+            for m in MEASURES:
+                xs = [r[m] for r in good if isinstance(r.get(m), (int, float))]
+                row[m] = statistics.median(xs) if xs else None
+            row["reserved_per_allocated"] = (row["peak_reserved"] / row["peak_allocated"]
+                                             if row["peak_reserved"] and row["peak_allocated"] else None)
+            row["spread_reserved_pct"] = _spread([r.get("peak_reserved") for r in good])
+            row["spread_nvml_pct"] = _spread([r.get("nvml_peak") for r in good])
+            row["spread_warm_pct"] = _spread([r.get("warm_ms") for r in good])
+            group[a] = row
+            rows.append(row)
+        for row in group.values():
+            for m in MEASURES:
+                base = [group[b][m] for b in BASELINES if b in group and group[b][m]]
+                row[m + "_vs_best"] = row[m] / min(base) if base and row[m] is not None else None
+    return rows
+
+
+def compare_checksums(runs: list[dict], workloads: list[str]) -> dict:
+    """Per workload: ``equal`` when every successful run gave the same checksum; else which
+    allocators disagree, and whether one allocator's own repeats already differ (then the
+    workload is not deterministic, whatever the allocator)."""
+    out = {}
+    for w in workloads:
+        good = [r for r in runs if r.get("workload") == w and ok(r)]
+        if not good:
+            out[w] = {"verdict": "no runs", "by_allocator": {}}
+            continue
+        by: dict[str, list[str]] = {}
+        for r in good:
+            by.setdefault(r["allocator"], []).append(checksum(r))
+        distinct = {c for cs in by.values() for c in cs}
+        within = sorted(a for a, cs in by.items() if len(set(cs)) > 1)
+        if len(distinct) == 1:
+            verdict = "equal"
+        elif within:
+            verdict = "different (also between repeats of " + ", ".join(within) + ": not deterministic)"
+        else:
+            ref_name = "default" if "default" in by else next(iter(by))
+            odd = sorted(a for a, cs in by.items() if cs[0] != by[ref_name][0])
+            repeated = all(len(cs) > 1 for cs in by.values())
+            verdict = (f"different ({', '.join(odd)} differ from {ref_name}; "
+                       + ("each allocator's repeats agree)" if repeated else "repeats not compared: one run each)"))
+        nondet = sorted({t for r in good for t in r.get("nondeterministic_ops", [])})
+        out[w] = {"verdict": verdict, "runs": len(good),
+                  "by_allocator": {a: sorted(set(cs)) for a, cs in by.items()}, "nondeterministic_ops": nondet}
+    return out
+
+
+def _mib(x) -> str:
+    return f"{x / MiB:,.0f}" if isinstance(x, (int, float)) else "-"
+
+
+def _ms(x) -> str:
+    return "-" if x is None else (f"{x:,.0f}" if x >= 100 else f"{x:.1f}")
+
+
+def _ratio(x) -> str:
+    return "-" if x is None else f"{x:.3f}"
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{x:.1f}"
+
+
+def table(rows: list[dict]) -> str:
+    head = ("| workload | allocator | runs | cold ms | warm ms | peak alloc MiB | peak reserved MiB | reserved/alloc "
+            "| NVML peak MiB | warm x | cold x | reserved x | NVML x | spread reserved % | spread NVML % |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for r in rows:
+        runs = f"{r['runs']}" + (f" ({r['failed']} failed)" if r["failed"] else "")
+        if not r["runs"]:
+            lines.append(f"| {r['workload']} | {r['allocator']} | {runs} | "
+                         + "; ".join(r["failures"])[:160].replace("|", "/") + " |" + " |" * 11)
+            continue
+        lines.append(
+            f"| {r['workload']} | {r['allocator']} | {runs} | {_ms(r['cold_ms'])} | {_ms(r['warm_ms'])} | "
+            f"{_mib(r['peak_allocated'])} | {_mib(r['peak_reserved'])} | {_ratio(r['reserved_per_allocated'])} | "
+            f"{_mib(r['nvml_peak'])} | {_ratio(r['warm_ms_vs_best'])} | {_ratio(r['cold_ms_vs_best'])} | "
+            f"{_ratio(r['peak_reserved_vs_best'])} | {_ratio(r['nvml_peak_vs_best'])} | "
+            f"{_pct(r['spread_reserved_pct'])} | {_pct(r['spread_nvml_pct'])} |")
+    return "\n".join(lines)

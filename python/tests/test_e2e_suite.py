@@ -1,0 +1,122 @@
+"""The end-to-end suite's parts that need no GPU: arguments, plan, failure reporting, the report."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "benchmarks")
+SCRIPT = os.path.join(BENCH, "gpu_end_to_end.py")
+sys.path.insert(0, BENCH)
+
+from e2e import report  # noqa: E402
+from e2e.child import parse_vramkit_conf  # noqa: E402
+from e2e.workloads import WORKLOADS  # noqa: E402
+
+
+def suite(*args, env=None, timeout=120):
+    return subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True, timeout=timeout,
+                          env=env)
+
+
+def test_help_and_dry_run_need_no_torch():
+    assert suite("--help").returncode == 0
+    p = suite("--dry-run")
+    assert p.returncode == 0, p.stderr
+    runs = [ln.split() for ln in p.stdout.splitlines() if ln.split()[1:2] == ["repeat"]]
+    assert len(runs) == 7 * 3 * 3
+    assert {r[4] for r in runs} == {"default", "expandable", "vramkit"}
+    assert {r[3] for r in runs} == set(WORKLOADS)
+    # Within a repeat, each workload's allocators run back to back; the order rotates per repeat.
+    first = [r[4] for r in runs if r[3] == "gpt2"]
+    assert first[:3] == ["default", "expandable", "vramkit"]
+    assert first[3:6] == ["expandable", "vramkit", "default"]
+    assert first[6:9] == ["vramkit", "default", "expandable"]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--workloads", "gpt2,nope"], "unknown workload 'nope'"),
+    (["--allocators", "default,tcmalloc"], "unknown allocator 'tcmalloc'"),
+    (["--steps", "2", "--warmup", "2"], "must be greater than --warmup"),
+    (["--repeat", "0"], "--repeat must be at least 1"),
+    (["--vramkit-conf", "growth_slack"], "is not KEY:VALUE"),
+    (["--vramkit-conf", "a:1", "--allocators", "default"], "no vramkit allocator"),
+])
+def test_bad_arguments_fail_with_one_line(args, message):
+    p = suite(*args, "--dry-run")
+    assert p.returncode == 2
+    assert message in p.stderr.strip().splitlines()[-1]
+
+
+def test_an_allocator_named_twice_runs_twice_per_repeat():
+    p = suite("--dry-run", "--workloads", "gpt2", "--allocators", "vramkit,vramkit-tracking,vramkit", "--repeat", "1")
+    assert p.returncode == 0
+    assert [ln.split()[4] for ln in p.stdout.splitlines() if ln.split()[1:2] == ["repeat"]] == \
+        ["vramkit", "vramkit-tracking", "vramkit"]
+
+
+def test_parse_vramkit_conf():
+    assert parse_vramkit_conf("") == {}
+    assert parse_vramkit_conf("growth_slack:0.05, upstream=cuda") == {"growth_slack": "0.05", "upstream": "cuda"}
+    for bad in ("x", "a:", ":1", "a:1,a:2", "a:b:c"):
+        with pytest.raises(ValueError):
+            parse_vramkit_conf(bad)
+
+
+def test_failing_children_are_reported_and_the_suite_goes_on(tmp_path):
+    # A stand-in torch without CUDA: every run fails inside its child (the fork probe fails too,
+    # so the suite falls back to fresh interpreters); the parent reports each and finishes.
+    stub = tmp_path / "stub" / "torch"
+    stub.mkdir(parents=True)
+    (stub / "__init__.py").write_text(
+        "__version__ = 'stub'\nclass cuda:\n    @staticmethod\n    def is_initialized():\n        return False\n")
+    env = dict(os.environ, PYTHONPATH=str(tmp_path / "stub"))
+    out = tmp_path / "r.json"
+    p = suite("--quick", "--workloads", "gpt2,bert", "--allocators", "default,expandable", "--json", str(out),
+              env=env)
+    assert p.returncode == 1
+    doc = json.loads(out.read_text())
+    assert doc["meta"]["complete"] and len(doc["runs"]) == 4
+    assert all("error" in r and r["rc"] not in (0, None) for r in doc["runs"])
+    assert p.stdout.count("FAILED") == 4
+    assert "| gpt2 | default | 0 (1 failed) |" in p.stdout
+
+
+def _run(w, a, warm, reserved, nvml, values=((1.0,),), rep=0):
+    return {"workload": w, "allocator": a, "repeat": rep, "cold_ms": 10 * warm, "warm_ms": warm,
+            "peak_allocated": 100, "peak_reserved": reserved, "nvml_peak": nvml,
+            "values": [[float(x).hex() for x in v] for v in values], "digest": []}
+
+
+def test_summary_medians_ratios_and_spread():
+    runs = [_run("m", "default", 10.0, 150, 200), _run("m", "default", 12.0, 150, 200, rep=1),
+            _run("m", "default", 11.0, 150, 200, rep=2),
+            _run("m", "expandable", 12.0, 120, 170), _run("m", "expandable", 12.0, 120, 170, rep=1),
+            _run("m", "vramkit", 9.9, 110, 160), _run("m", "vramkit", 11.0, 132, 170, rep=1),
+            {"workload": "m", "allocator": "vramkit", "error": "boom"}]
+    rows = {r["allocator"]: r for r in report.summarize(runs, ["m"], ["default", "expandable", "vramkit"])}
+    d, e, v = rows["default"], rows["expandable"], rows["vramkit"]
+    assert d["warm_ms"] == 11.0 and d["runs"] == 3
+    assert v["runs"] == 2 and v["failed"] == 1 and v["failures"] == ["boom"]
+    assert v["warm_ms"] == pytest.approx(10.45)
+    assert v["warm_ms_vs_best"] == pytest.approx(10.45 / 11.0)      # the faster baseline: default
+    assert v["peak_reserved_vs_best"] == pytest.approx(121 / 120)   # the smaller baseline: expandable
+    assert e["peak_reserved_vs_best"] == 1.0 and d["peak_reserved_vs_best"] == pytest.approx(1.25)
+    assert v["spread_reserved_pct"] == pytest.approx(100 * 22 / 121)
+    assert e["spread_nvml_pct"] == 0.0 and v["reserved_per_allocated"] == pytest.approx(1.21)
+    text = report.table(report.summarize(runs, ["m"], ["default", "expandable", "vramkit"]))
+    assert text.splitlines()[0].count("|") == text.splitlines()[-1].count("|")
+
+
+def test_checksum_verdicts():
+    same = [_run("a", x, 1, 1, 1, rep=r) for x in ("default", "vramkit") for r in (0, 1)]
+    assert report.compare_checksums(same, ["a"])["a"]["verdict"] == "equal"
+    odd = [_run("b", "default", 1, 1, 1, rep=r) for r in (0, 1)] + \
+          [_run("b", "vramkit", 1, 1, 1, values=((2.0,),), rep=r) for r in (0, 1)]
+    v = report.compare_checksums(odd, ["b"])["b"]["verdict"]
+    assert v.startswith("different (vramkit differ from default") and "repeats agree" in v
+    noisy = [_run("c", "default", 1, 1, 1, values=((r + 1.0,),), rep=r) for r in (0, 1)] + \
+            [_run("c", "vramkit", 1, 1, 1)]
+    assert "not deterministic" in report.compare_checksums(noisy, ["c"])["c"]["verdict"]
+    assert report.compare_checksums([], ["d"])["d"]["verdict"] == "no runs"
