@@ -15,8 +15,8 @@ class CliError(Exception):
 def _default_allocators() -> list[str]:
     from . import _vramkit
     if _vramkit.backend() == "cuda":
-        return ["vramkit", "cuda", "cuda_async"]
-    return ["vramkit", "host"]
+        return ["vramkit", "cuda", "cuda_async", "torch-default", "torch-expandable"]
+    return ["vramkit", "host", "torch-default", "torch-expandable"]
 
 
 def _parse_capacity(text: str | None) -> int | None:
@@ -64,6 +64,8 @@ def replay_ops(trace):
 def _make(spec: str, capacity: int | None):
     from . import _vramkit
     kind = spec.split(":", 1)[0]
+    if _vramkit.is_torch_spec(spec):  # PyTorch's allocator, emulated; capacity = the device it sees
+        return _vramkit.torch_emulator(spec, capacity or 0)
     if kind in ("vramkit", "pool"):
         if capacity is not None:
             spec = spec + ("," if ":" in spec else ":") + f"reserve_limit:{capacity}"
@@ -228,6 +230,8 @@ def build_parser() -> argparse.ArgumentParser:
         add_monitor_commands(sub)
     except ImportError:
         pass
+    from .cli_advise import add_advise_command
+    add_advise_command(sub)
     try:
         from .leaks.cli import add_leak_commands
         add_leak_commands(sub)
