@@ -170,7 +170,7 @@ void bind_emul(nb::module_& m) {
         "torch:KEY=VALUE,...); capacity 0 = unlimited.");
   m.def("is_torch_spec", &emul::is_torch_spec, "spec"_a);
   m.def("torch_conf_line", [](const std::string& spec) {
-    return emul::make_torch_emulator(spec, 0)->options().conf_line();
+    return emul::make_torch_emulator(spec, std::size_t{1} << 40)->options().conf_line();  // any capacity: a fraction needs one
   }, "spec"_a, "The PYTORCH_CUDA_ALLOC_CONF value equivalent to an emulation spec.");
   m.def("torch_round_size", [](const std::string& spec, std::size_t n) {
     return emul::make_torch_emulator(spec, 0)->round_size(n);
