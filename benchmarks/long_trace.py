@@ -71,6 +71,8 @@ def main() -> int:
     ap.add_argument("--ops", type=int, default=10_000_000)
     ap.add_argument("--keep", help="write the trace here and keep it")
     ap.add_argument("--capacity", default="24GiB")
+    ap.add_argument("--report", action="store_true",
+                    help="also time `vramkit report` (1 pass) and open the HTML in headless Chromium")
     args = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="vk-long-")
     path = args.keep or os.path.join(tmp, "synthetic_long.vktrace")
@@ -88,6 +90,24 @@ def main() -> int:
     print(p.stdout)
     print(f"{'ops':>12} {'trace MB':>9} {'make s':>7} {'advise s':>9} {'advise peak RSS MiB':>20}")
     print(f"{n:>12} {os.path.getsize(path) / 1e6:>9.1f} {t_make:>7.1f} {t_advise:>9.1f} {rss:>20.0f}")
+    if args.report:
+        html = os.path.join(tmp, "long.html")
+        t0 = time.perf_counter()
+        p = subprocess.run([sys.executable, "-m", "vramkit", "report", path, "-o", html, "--passes", "1",
+                            "--capacity", args.capacity, "--no-progress"], capture_output=True, text=True)
+        t_report = time.perf_counter() - t0
+        rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024  # max over both children
+        if p.returncode != 0:
+            print(p.stderr, file=sys.stderr)
+            return 1
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "tools"))
+        import browser_check
+        t0 = time.perf_counter()
+        res = browser_check.check_page(html)
+        t_open = time.perf_counter() - t0
+        print(f"\n{'report s':>9} {'peak RSS MiB (any child)':>25} {'HTML MB':>8} {'Chromium open+check s':>22} errors")
+        print(f"{t_report:>9.1f} {rss:>25.0f} {os.path.getsize(html) / 1e6:>8.2f} {t_open:>22.1f} "
+              f"{len(res['errors'])}")
     if not args.keep:
         os.remove(path)
     return 0

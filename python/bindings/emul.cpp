@@ -14,6 +14,7 @@
 #include "vramkit/emul/torch_caching.hpp"
 #include "vramkit/mr/pool_resource.hpp"
 #include "vramkit/runtime.hpp"
+#include "vramkit/trace/torch_csv.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -119,10 +120,12 @@ profile run(const ops_array& a, device_resource& r, std::size_t points, std::int
   return p;
 }
 
-nb::object as_array(std::vector<std::int64_t>&& v) {
-  auto* heap = new std::vector<std::int64_t>(std::move(v));
-  nb::capsule owner(heap, [](void* q) noexcept { delete static_cast<std::vector<std::int64_t>*>(q); });
-  return nb::cast(nb::ndarray<nb::numpy, std::int64_t, nb::ndim<1>>(heap->data(), {heap->size()}, owner));
+// Hands a vector to NumPy without a copy.
+template <class T>
+nb::object as_array(std::vector<T>&& v) {
+  auto* heap = new std::vector<T>(std::move(v));
+  nb::capsule owner(heap, [](void* q) noexcept { delete static_cast<std::vector<T>*>(q); });
+  return nb::cast(nb::ndarray<nb::numpy, T, nb::ndim<1>>(heap->data(), {heap->size()}, owner));
 }
 
 // Segments as dicts; blocks as (addr, size, requested, allocated) tuples.
@@ -163,6 +166,27 @@ nb::list pool_segments(const std::vector<segment_info>& segs) {
 }  // namespace
 
 void bind_emul(nb::module_& m) {
+  m.def("read_torch_csv_columns", [](const std::string& path) -> nb::object {
+    torch_csv_columns c;
+    std::string why;
+    bool ok;
+    {
+      nb::gil_scoped_release rel;
+      ok = read_torch_csv_fast(path, c, why);
+    }
+    if (!ok) return nb::make_tuple(nb::none(), why);
+    nb::dict d;
+    d["action"] = as_array(std::move(c.action));
+    d["addr"] = as_array(std::move(c.addr));
+    d["size"] = as_array(std::move(c.size));
+    d["stream"] = as_array(std::move(c.stream));
+    d["t_us"] = c.has_time ? as_array(std::move(c.t_us)) : nb::none();
+    nb::dict ev;
+    for (auto& [k, v] : c.events) ev[nb::str(k.c_str())] = v;
+    d["events"] = ev;
+    return nb::make_tuple(d, why);
+  }, "path"_a, "Columns of the alloc and free_requested rows of a plain PyTorch trace CSV (gzip or not), or "
+               "(None, why) when the file needs the exact Python reader.");
   m.def("torch_emulator", [](const std::string& spec, std::size_t capacity) -> std::shared_ptr<device_resource> {
     return emul::make_torch_emulator(spec, capacity);
   }, "spec"_a, "capacity"_a = 0,

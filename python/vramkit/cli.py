@@ -182,6 +182,10 @@ def cmd_report(args) -> int:
             extra.append(("Memory over time (recording)", recording_section_html(args.recording)))
         except (OSError, ValueError) as e:
             raise CliError(f"--recording {args.recording}: {e}") from None
+    from .report.allocators import allocator_section  # PyTorch's allocator, emulated, beside vramkit
+    from .advise import DEFAULT_CANDIDATES, progress_printer
+    extra.insert(0, allocator_section(trace, trace.ops, args.allocator or DEFAULT_CANDIDATES, capacity,
+                                      progress_printer(trace.name, not args.no_progress and sys.stderr.isatty())))
     out = args.output
     try:
         render_report(out, trace, results, timelines, peak_state,
