@@ -66,11 +66,32 @@ def make_trace(path: str, n_ops: int, seed: int = 0) -> int:
     return written
 
 
+def write_csv(v1_path: str, csv_path: str) -> None:
+    """The same trace as a gzip PyTorch trace CSV (t_us,action,addr,size,stream), with made-up
+    addresses (one per allocation id) and times."""
+    import gzip
+    from vramkit.trace import load_trace
+    tr = load_trace(v1_path)
+    ops = tr.ops
+    names = ("alloc", "free_requested")
+    with gzip.open(csv_path, "wt", compresslevel=1) as f:
+        f.write("t_us,action,addr,size,stream\n")
+        step = 1 << 20
+        for a in range(0, len(ops), step):
+            part = ops[a:a + step]
+            addr = (part[:, 1] * 512 + (1 << 40)).tolist()
+            stream = [tr.streams[s] for s in part[:, 3].tolist()]
+            f.write("".join(f"{a + k},{names[act]},{ad},{sz},{st}\n" for k, (act, ad, sz, st) in
+                            enumerate(zip(part[:, 0].tolist(), addr, part[:, 2].tolist(), stream))))
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--ops", type=int, default=10_000_000)
     ap.add_argument("--keep", help="write the trace here and keep it")
     ap.add_argument("--capacity", default="24GiB")
+    ap.add_argument("--csv", action="store_true",
+                    help="also write the trace as a PyTorch trace CSV (gzip) and time advise on that")
     ap.add_argument("--report", action="store_true",
                     help="also time `vramkit report` (1 pass) and open the HTML in headless Chromium")
     args = ap.parse_args()
@@ -90,6 +111,22 @@ def main() -> int:
     print(p.stdout)
     print(f"{'ops':>12} {'trace MB':>9} {'make s':>7} {'advise s':>9} {'advise peak RSS MiB':>20}")
     print(f"{n:>12} {os.path.getsize(path) / 1e6:>9.1f} {t_make:>7.1f} {t_advise:>9.1f} {rss:>20.0f}")
+    if args.csv:
+        csv_path = os.path.join(tmp, "synthetic_long.trace.csv.gz")
+        t0 = time.perf_counter()
+        write_csv(path, csv_path)
+        t_w = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        p = subprocess.run([sys.executable, "-m", "vramkit", "advise", csv_path, "--capacity", args.capacity,
+                            "--no-progress"], capture_output=True, text=True)
+        t_csv = time.perf_counter() - t0
+        rss = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss / 1024
+        if p.returncode != 0:
+            print(p.stderr, file=sys.stderr)
+            return 1
+        print(f"\n{'CSV MB':>7} {'write s':>8} {'advise on CSV s':>16} {'peak RSS MiB (any child)':>25}")
+        print(f"{os.path.getsize(csv_path) / 1e6:>7.1f} {t_w:>8.1f} {t_csv:>16.1f} {rss:>25.0f}")
+        os.remove(csv_path)
     if args.report:
         html = os.path.join(tmp, "long.html")
         t0 = time.perf_counter()
