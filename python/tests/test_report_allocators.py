@@ -154,3 +154,25 @@ def test_columnar_csv_reader_declines_what_it_does_not_handle(tmp_path, monkeypa
         assert got == expected  # the row-by-row reader words the error, whichever path
     else:
         assert np.array_equal(got.ops, expected.ops)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_columnar_csv_reader_matches_on_random_events(tmp_path, monkeypatch, seed):
+    """Few addresses, random actions: skipped frees, reuse and implicit frees in every mix."""
+    from vramkit.trace import fast_csv
+    from vramkit.trace.importers import _display, read_pytorch_trace_csv
+    rng = np.random.default_rng(seed)
+    acts = np.array(["alloc", "free_requested", "free_completed", "segment_alloc"])
+    lines = ["t_us,action,addr,size,stream"]
+    for t in range(3000):
+        lines.append(f"{t},{acts[rng.choice(4, p=[.45, .4, .1, .05])]},{int(rng.integers(0, 40)) * 512},"
+                     f"{int(rng.integers(1, 1 << 20))},{int(rng.choice([0, 93, 17]))}")
+    p = tmp_path / "r.csv"
+    p.write_text("\n".join(lines) + "\n")
+    monkeypatch.setattr(fast_csv, "FAST_MIN_BYTES", 1 << 60)
+    slow = read_pytorch_trace_csv(p)
+    fast = fast_csv.read_fast(p, slow.name, _display(p))
+    assert slow.metadata.get("implicit_frees", 0) > 10 and slow.skipped_frees > 10
+    assert np.array_equal(fast.ops, slow.ops) and np.array_equal(fast.t_us, slow.t_us)
+    assert (fast.streams, fast.skipped_frees, fast.left_live, fast.metadata) == \
+        (slow.streams, slow.skipped_frees, slow.left_live, slow.metadata)

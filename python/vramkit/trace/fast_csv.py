@@ -26,8 +26,7 @@ def read_fast(path: str | os.PathLike[str], name: str, fname: str) -> Trace | No
     cols, _why = _vramkit.read_torch_csv_columns(os.fspath(path))
     if cols is None:
         return None
-    ops, t_us, streams, skipped, implicit, left_live = pair_by_address(
-        cols["action"], cols["addr"], cols["size"], cols["stream"], cols["t_us"])
+    ops, t_us, streams, skipped, implicit, left_live = pair_by_address(cols)
     meta = {"format": "pytorch-trace-csv", "file": fname, "events": dict(cols["events"])}
     if implicit:
         meta["implicit_frees"] = implicit
@@ -35,53 +34,85 @@ def read_fast(path: str | os.PathLike[str], name: str, fname: str) -> Trace | No
                  skipped_frees=skipped, left_live=left_live, metadata=meta)
 
 
-def pair_by_address(act, addr, size, stream, t_us):
+def pair_by_address(cols: dict):
     """Address-keyed events to dense ops, with the row-by-row reader's rules: an alloc takes the
     next dense id; a free of an address not live is skipped; an alloc of a live address first
-    frees the old allocation (an implicit free, placed just before it)."""
+    frees the old allocation (an implicit free, placed just before it).
+
+    ``cols`` holds ``action`` (0 alloc, 1 free), ``addr``, ``size``, ``stream`` and ``t_us`` (or
+    None); they are taken out of it so that each is released as soon as it is no longer needed.
+    """
+    act = cols.pop("action").astype(np.int8)
+    addr = cols.pop("addr")
     n = act.shape[0]
     if n == 0:
         return np.zeros((0, 5), dtype=np.int64), None, [], 0, 0, 0
-    act = act.astype(np.int8)
     order = np.lexsort((np.arange(n), addr))  # by address, then time
-    g_act = act[order]
     same = np.zeros(n, dtype=bool)
     same[1:] = addr[order[1:]] == addr[order[:-1]]
+    del addr
+    g_act = act[order]
     prev_alloc = np.zeros(n, dtype=bool)  # the previous event at this address is an alloc
     prev_alloc[1:] = same[1:] & (g_act[:-1] == ALLOC)
     last = np.ones(n, dtype=bool)
     last[:-1] = ~same[1:]
     left_live = int(np.count_nonzero(last & (g_act == ALLOC)))
     skipped = int(np.count_nonzero((g_act == FREE) & ~prev_alloc))
-    partner = np.full(n, -1, dtype=np.int64)  # for a free or an alloc of a live address: the old alloc
+    del same, last
     paired = np.flatnonzero(prev_alloc)
+    partner = np.full(n, -1, dtype=np.int64)  # for a free or an alloc of a live address: the old alloc
     partner[order[paired]] = order[paired - 1]
-    del order, g_act, same, prev_alloc, last, paired
+    del order, g_act, prev_alloc, paired
     is_alloc = act == ALLOC
-    dense = np.cumsum(is_alloc, dtype=np.int64) - 1
-    # streams numbered in order of first use by an allocation
+    del act
     a_pos = np.flatnonzero(is_alloc)
-    uniq, first, inv = np.unique(stream[a_pos], return_index=True, return_inverse=True)
-    rank = np.empty(uniq.size, dtype=np.int64)
-    rank[np.argsort(first, kind="stable")] = np.arange(uniq.size)
-    s_idx = np.zeros(n, dtype=np.int64)
-    s_idx[a_pos] = rank[inv.reshape(-1)]
-    streams = [int(h) for h in uniq[np.argsort(first, kind="stable")]]
+    dense = np.cumsum(is_alloc, dtype=np.int64) - 1  # an alloc's dense id, by record
     frees = np.flatnonzero(~is_alloc & (partner >= 0))
-    implicit = np.flatnonzero(is_alloc & (partner >= 0))
-    rows_at = np.concatenate([a_pos, frees, implicit])  # the record each output row comes from
-    src = np.concatenate([a_pos, partner[frees], partner[implicit]])  # the alloc it describes
-    kind = np.concatenate([np.zeros(a_pos.size, np.int64), np.ones(frees.size + implicit.size, np.int64)])
-    # an implicit free goes just before the alloc that displaced it
-    sort_key = rows_at * 2 + 1
-    sort_key[a_pos.size + frees.size:] -= 1
-    o = np.argsort(sort_key, kind="stable")
-    ops = np.empty((o.size, 5), dtype=np.int64)
-    ops[:, 0] = kind[o]
-    s = src[o]
-    ops[:, 1] = dense[s]
-    ops[:, 2] = size[s]
-    ops[:, 3] = s_idx[s]
+    imp = is_alloc & (partner >= 0)
+    implicit = np.flatnonzero(imp)
+    del is_alloc
+    # streams numbered in order of first use by an allocation; per dense id
+    stream = cols.pop("stream")
+    uniq, first, inv = np.unique(stream[a_pos], return_index=True, return_inverse=True)
+    del stream
+    by_first = np.argsort(first, kind="stable")
+    rank = np.empty(uniq.size, dtype=np.int64)
+    rank[by_first] = np.arange(uniq.size)
+    streams = [int(h) for h in uniq[by_first]]
+    a_stream = rank[inv.reshape(-1)]
+    del inv
+    size = cols.pop("size")
+    a_size = size[a_pos]
+    del size
+    # output rows in record order; an alloc that displaces a live one is preceded by its free
+    cnt = np.zeros(n, dtype=np.int64)
+    cnt[a_pos] = 1
+    cnt[frees] = 1
+    cnt[implicit] += 1
+    start = np.cumsum(cnt) - cnt
+    total = int(cnt.sum())
+    del cnt
+    ops = np.empty((total, 5), dtype=np.int64)
     ops[:, 4] = 0
-    times = None if t_us is None else np.asarray(t_us, dtype=np.int64)[rows_at[o]]
-    return ops, times, streams, skipped, int(implicit.size), left_live
+    pos_a = start[a_pos] + imp[a_pos]
+    del imp
+    ops[pos_a, 0] = ALLOC
+    ops[pos_a, 1] = np.arange(a_pos.size)
+    ops[pos_a, 2] = a_size
+    ops[pos_a, 3] = a_stream
+    t_out = None
+    t_us = cols.pop("t_us", None)
+    if t_us is not None:
+        t_out = np.empty(total, dtype=np.int64)
+        t_out[pos_a] = t_us[a_pos]
+    del pos_a
+    for rec in (frees, implicit):
+        pos = start[rec]
+        ident = dense[partner[rec]]
+        ops[pos, 0] = FREE
+        ops[pos, 1] = ident
+        ops[pos, 2] = a_size[ident]
+        ops[pos, 3] = a_stream[ident]
+        if t_out is not None:
+            t_out[pos] = t_us[rec]
+    return ops, t_out, streams, skipped, int(implicit.size), left_live
