@@ -176,3 +176,16 @@ def test_columnar_csv_reader_matches_on_random_events(tmp_path, monkeypatch, see
     assert np.array_equal(fast.ops, slow.ops) and np.array_equal(fast.t_us, slow.t_us)
     assert (fast.streams, fast.skipped_frees, fast.left_live, fast.metadata) == \
         (slow.streams, slow.skipped_frees, slow.left_live, slow.metadata)
+
+
+def test_section_replaces_sampled_series_with_exact_peaks():
+    from vramkit.advise import profile
+    from vramkit.report.allocators import allocator_section
+    from vramkit.trace import default_trace_path
+    tr = load_trace(default_trace_path())
+    timelines = {"torch-default": [(0, 0, 1)], "host": [(0, 0, 7)]}
+    title, html = allocator_section(tr, tr.ops, ["torch-default", "torch-expandable"], None, None, timelines)
+    peak = profile(np.ascontiguousarray(tr.ops), "torch-default", None)["peak_reserved_bytes"]
+    assert max(p[2] for p in timelines["torch-default"]) == peak
+    assert timelines["host"] == [(0, 0, 7)] and "torch-expandable" not in timelines
+    assert "Would it fit" in title and "torch-expandable" in html

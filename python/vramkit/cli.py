@@ -185,7 +185,8 @@ def cmd_report(args) -> int:
     from .report.allocators import allocator_section  # PyTorch's allocator, emulated, beside vramkit
     from .advise import DEFAULT_CANDIDATES, progress_printer
     extra.insert(0, allocator_section(trace, trace.ops, args.allocator or DEFAULT_CANDIDATES, capacity,
-                                      progress_printer(trace.name, not args.no_progress and sys.stderr.isatty())))
+                                      progress_printer(trace.name, not args.no_progress and sys.stderr.isatty()),
+                                      timelines))
     out = args.output
     try:
         render_report(out, trace, results, timelines, peak_state,

@@ -11,6 +11,8 @@ import numpy as np
 from .html import _e, _stack_bar, format_bytes
 
 TITLE = "Would it fit? PyTorch's allocator and vramkit"
+#: Points of each allocator's curve (each the highest of its run of ops).
+CURVE_POINTS = 3000
 
 
 def _classify_free(seg_list: list[dict[str, Any]], req_size: int, req_stream: int, req_small: bool,
@@ -50,14 +52,24 @@ def peak_breakdown(ops: np.ndarray, spec: str, peak_op: int, capacity: int | Non
 
 
 def allocator_section(trace, ops: np.ndarray, specs: Sequence[str], capacity: int | None,
-                      progress_for: Callable[[str], Any] | None = None) -> tuple[str, str]:
-    """(title, html) of the section; one profile pass per allocator plus one to its peak."""
+                      progress_for: Callable[[str], Any] | None = None,
+                      timelines: dict[str, Any] | None = None) -> tuple[str, str]:
+    """(title, html) of the section; one profile pass per allocator plus one to its peak.
+
+    ``timelines`` (the report's reserved-over-time series, by allocator name): the series of
+    every allocator profiled here is replaced by its profile curve, whose points are the maximum
+    of each run of ops, so the drawn peak is the exact one (sampling every k-th op can miss it).
+    """
     from ..advise import profile, recommend
     ops = np.ascontiguousarray(ops, dtype=np.int64)
     rows = []
     for spec in specs:
         cb = progress_for(spec) if progress_for else None
-        rows.append(profile(ops, spec, capacity, progress=cb))
+        rows.append(profile(ops, spec, capacity, points=CURVE_POINTS, progress=cb))
+        if timelines is not None and spec in timelines:
+            r = rows[-1]
+            timelines[spec] = list(zip(r["curve_op"].tolist(), r["curve_live"].tolist(),
+                                       r["curve_reserved"].tolist()))
     floor = max((r["peak_live_bytes"] for r in rows), default=0)
     cap = f" on a device of {format_bytes(capacity)}" if capacity else " (no capacity given: unlimited device)"
     html = [f"<p>{len(ops):,} operations replayed through each allocator{_e(cap)}. The floor (peak of live "
