@@ -108,7 +108,10 @@ def recommend(rows: list[dict[str, Any]], capacity: int | None) -> str:
     else:
         pick = best_o
     verb = "fits" if capacity else "reserves least"
-    return f"{pick['config']}  ({pick['allocator']} {verb}{where}: peak reserved {fmt(pick['peak_reserved_bytes'])})"
+    line = f"{pick['config']}  ({pick['allocator']} {verb}{where}: peak reserved {fmt(pick['peak_reserved_bytes'])})"
+    if pick is not best_t and best_t is not None:  # a PyTorch user may prefer to stay on PyTorch's allocator
+        line += f"; best PyTorch setting: {best_t['config']} ({fmt(best_t['peak_reserved_bytes'])})"
+    return line
 
 
 def fmt(n: int | None) -> str:

@@ -6,16 +6,14 @@ import sys
 
 
 def cmd_advise(args) -> int:
-    from .advise import DEFAULT_CANDIDATES, advise, progress_printer, table
+    from .advise import DEFAULT_CANDIDATES, advise, make_resource, progress_printer, table
     import numpy as np
     from .cli import CliError, _load, _parse_capacity
-    from . import _vramkit
     capacity = _parse_capacity(args.capacity)
     specs = args.allocator or list(DEFAULT_CANDIDATES)
-    for spec in specs:  # every option checked before any replay: a typo costs nothing
+    for spec in specs:  # every name and option checked before any replay: a typo costs nothing
         try:
-            if _vramkit.is_torch_spec(spec):
-                _vramkit.torch_emulator(spec, capacity or 0)
+            make_resource(spec, capacity)
         except (ValueError, RuntimeError) as e:
             raise CliError(f"--allocator {spec}: {e}") from None
     trace = _load(args.trace)
