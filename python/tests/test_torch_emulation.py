@@ -241,3 +241,24 @@ def test_advise_cli_table_and_bad_option(tmp_path):
     bad = subprocess.run([sys.executable, "-m", "vramkit", "advise", "--allocator", "torch:bogus=1"],
                          capture_output=True, text=True, env=env, timeout=300)
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "unknown option 'bogus'" in bad.stderr
+
+
+def test_recommendation_rules():
+    from vramkit.advise import recommend
+
+    def row(spec, peak, fits=True, live=100 * MiB):
+        return {"allocator": spec, "config": config_line(spec), "peak_reserved_bytes": peak, "fits": fits,
+                "peak_live_bytes": live}
+    # the PyTorch setting with the least peak that fits
+    rows = [row("torch-default", 300 * MiB), row("torch-expandable", 200 * MiB), row("vramkit", 195 * MiB)]
+    assert recommend(rows, 1 * GiB).startswith("PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True")
+    # vramkit when it saves more than 5 %, with the best PyTorch line beside it
+    rows[2] = row("vramkit", 150 * MiB)
+    r = recommend(rows, 1 * GiB)
+    assert r.startswith("import vramkit.torch") and "best PyTorch setting: PYTORCH_CUDA_ALLOC_CONF=expandable" in r
+    # vramkit when it is the only one that fits
+    rows = [row("torch-default", 300 * MiB, False), row("vramkit", 250 * MiB)]
+    assert recommend(rows, 260 * MiB).startswith("import vramkit.torch")
+    # nothing fits, and the live bytes alone are over the capacity
+    rows = [row("torch-default", 90 * MiB, False, live=120 * MiB)]
+    assert recommend(rows, 100 * MiB).startswith("nothing fits on 100.00 MiB: the live tensors alone")
