@@ -67,9 +67,9 @@ for path, f in zip(ops_files, frac):
     for p in ptr.values():
         free(p)
     st = torch.cuda.memory_stats(0)
-    out.append({"peak_reserved": st["reserved_bytes.all.peak"], "device_allocs": st["num_device_alloc"],
-                "segments_peak": st["segment.all.peak"], "retries": st["num_alloc_retries"], "ooms": ooms,
-                "total": total})
+    out.append({"peak_reserved": st["reserved_bytes.all.peak"], "device_allocs": st.get("num_device_alloc", -1),
+                "segments_peak": st.get("segment.all.peak", -1), "retries": st.get("num_alloc_retries", -1),
+                "ooms": ooms, "total": total})
     torch.cuda.empty_cache()
 print("RESULT " + json.dumps(out))
 """
@@ -164,6 +164,7 @@ def main() -> int:
     tmp = tempfile.mkdtemp(prefix="vk-emul-check-")
     env = dict(os.environ)
     env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+    env.pop("PYTORCH_ALLOC_CONF", None)
     model_runs = {}
     if not args.no_record and not args.emulate_real:
         for kind in ("gpt2_small_train", "resnet50_train_b64", "bert_infer_dynamic"):
@@ -197,7 +198,8 @@ def main() -> int:
             if total is None and frac_mult is not None:
                 total = json.loads(run_child(CHILD, [json.dumps([traces[0][2]]), "[null]"], env, 120))[0]["total"]
             fr = [None if x is None else x / total for x in fracs]
-            cenv = dict(env, PYTORCH_ALLOC_CONF=conf) if conf else env
+            # both names: PYTORCH_ALLOC_CONF is read first by 2.11, the older name by older releases
+            cenv = dict(env, PYTORCH_ALLOC_CONF=conf, PYTORCH_CUDA_ALLOC_CONF=conf) if conf else env
             real = json.loads(run_child(CHILD, [json.dumps([t[2] for t in traces]), json.dumps(fr)], cenv, 300))
         for (name, ops, _), f, rr in zip(traces, fr, real):
             spec = label if f is None else label + ",per_process_memory_fraction=" + repr(f)
