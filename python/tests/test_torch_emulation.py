@@ -232,6 +232,43 @@ def test_packaged_real_trace_matches_the_segments_pytorch_made():
     assert p["device_allocs"] == nseg
 
 
+def _real_traces():
+    from vramkit.trace import default_trace_path
+    out = [default_trace_path()]
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import conftest_trace as ct
+    d = ct.shared_traces()  # VRAMKIT_SHARED_TRACES: the other recorded traces, where present
+    if d is not None:
+        out += sorted(str(p) for p in d.glob("*.trace.csv.gz") if p.name != os.path.basename(out[0]))
+    return out
+
+
+@pytest.mark.parametrize("path", _real_traces(), ids=os.path.basename)
+def test_real_trace_reserved_after_every_op(path):
+    """Stronger: PyTorch's reserved bytes after each alloc and free of a recording made under
+    its default allocator (from its segment events) equal the emulation's, op by op."""
+    from vramkit.trace import load_trace
+    tr = load_trace(path)
+    assert tr.skipped_frees == 0
+    real = []
+    cur = 0
+    with gzip.open(path, "rt") as f:
+        next(f)
+        for line in f:
+            act, size = line.split(",")[1], int(line.split(",")[3])
+            if act == "segment_alloc":
+                cur += size
+            elif act == "segment_free":
+                cur -= size
+            elif act in ("alloc", "free_requested"):
+                real.append(cur)
+    ops = np.ascontiguousarray(tr.ops)
+    assert len(real) == len(ops)
+    p = _vramkit.profile_trace(ops, _vramkit.torch_emulator("torch-default", 0), len(ops), -1, None)
+    assert np.array_equal(p["curve_op"], np.arange(len(ops)))
+    assert np.array_equal(p["curve_reserved"], np.array(real))
+
+
 def test_advise_cli_table_and_bad_option(tmp_path):
     env = dict(os.environ)
     out = subprocess.run([sys.executable, "-m", "vramkit", "advise", "--capacity", "1GiB", "--no-progress"],
