@@ -299,3 +299,12 @@ def test_recommendation_rules():
     # nothing fits, and the live bytes alone are over the capacity
     rows = [row("torch-default", 90 * MiB, False, live=120 * MiB)]
     assert recommend(rows, 100 * MiB).startswith("nothing fits on 100.00 MiB: the live tensors alone")
+
+
+def test_advise_devices_are_simulated_and_sized_by_capacity():
+    """vramkit's row runs on the simulated device too, as large as asked (1 TiB when unlimited)."""
+    ops = T().a(0, 100 * GiB).a(1, 30 * GiB).f(0).ops()
+    for spec in ("vramkit", "torch-default", "torch-expandable"):
+        assert profile(ops, spec, None)["fits"], spec
+        p = profile(ops, spec, 120 * GiB)
+        assert not p["fits"] and p["first_oom_op"] == 1, spec

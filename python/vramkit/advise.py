@@ -6,6 +6,7 @@ Everything per op happens in C++ (``_vramkit.profile_trace``): a 10-million-op t
 """
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, Callable
 
@@ -34,11 +35,23 @@ def make_resource(spec: str, capacity: int | None):
     from . import _vramkit
     if is_torch(spec):
         return _vramkit.torch_emulator(spec, capacity or 0)
-    kind = spec.split(":", 1)[0]
+    kind, _, opts = spec.partition(":")
     if kind in ("vramkit", "pool"):
+        # On the simulated device, like the PyTorch emulations: no GPU memory is touched, and the
+        # device is as large as the capacity asked for (1 TiB when none).
+        if "upstream=" not in opts:
+            opts = "upstream=host" + ("," + opts if opts else "")
         if capacity is not None:
-            spec = spec + ("," if ":" in spec else ":") + f"reserve_limit:{capacity}"
-        return _vramkit.make_resource(spec, 0)
+            opts += f",reserve_limit:{capacity}"
+        old = os.environ.get("VRAMKIT_HOST_CAPACITY")
+        os.environ["VRAMKIT_HOST_CAPACITY"] = str(capacity or (1 << 40))
+        try:
+            return _vramkit.make_resource(f"{kind}:{opts}", 0)
+        finally:
+            if old is None:
+                os.environ.pop("VRAMKIT_HOST_CAPACITY", None)
+            else:
+                os.environ["VRAMKIT_HOST_CAPACITY"] = old
     r = _vramkit.make_resource(spec, 0)
     if capacity is not None:
         r = _vramkit.limiting_adaptor(r, capacity)
