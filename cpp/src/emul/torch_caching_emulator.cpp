@@ -140,6 +140,7 @@ bool torch_caching_emulator::should_split(const block* b, std::size_t size) cons
 
 void* torch_caching_emulator::do_allocate(std::size_t orig, stream_t stream) {
   if (orig == 0) return nullptr;  // PyTorch hands out no block for an empty tensor
+  std::lock_guard<std::mutex> lk(mu_);
   request r;
   r.stream = stream;
   r.size = round_size(orig);
@@ -323,6 +324,7 @@ torch_caching_emulator::block* torch_caching_emulator::alloc_found_block(request
 
 free_status torch_caching_emulator::try_deallocate(void* ptr, std::size_t, stream_t) noexcept {
   if (!ptr) return free_status::ok;
+  std::lock_guard<std::mutex> lk(mu_);
   auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == live_.end()) return free_status::not_owned;
   block* b = it->second;
@@ -498,9 +500,13 @@ void torch_caching_emulator::release_expandable_segment(block* b) {
 
 void torch_caching_emulator::record_stream(void*, stream_t) {}
 
-void torch_caching_emulator::release_cached() { release_cached_blocks(); }
+void torch_caching_emulator::release_cached() {
+  std::lock_guard<std::mutex> lk(mu_);
+  release_cached_blocks();
+}
 
 memory_state torch_caching_emulator::state() const {
+  std::lock_guard<std::mutex> lk(mu_);
   memory_state s;
   s.live_bytes = ctr_.allocated_bytes;
   s.live_count = live_.size();
@@ -519,17 +525,20 @@ memory_state torch_caching_emulator::state() const {
 }
 
 void torch_caching_emulator::reset_peaks() {
+  std::lock_guard<std::mutex> lk(mu_);
   peak_reserved_ = total_reserved_;
   peak_allocated_ = ctr_.allocated_bytes;
   ctr_.segment_peak = ctr_.segment_current;
 }
 
 std::size_t torch_caching_emulator::allocation_size(const void* ptr) const noexcept {
+  std::lock_guard<std::mutex> lk(mu_);
   auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
   return it == live_.end() ? 0 : it->second->size;
 }
 
 std::vector<torch_segment_info> torch_caching_emulator::segments() const {
+  std::lock_guard<std::mutex> lk(mu_);
   // Heads: every mapped block whose predecessor is missing or unmapped.
   std::vector<const block*> heads;
   auto consider = [&](const block* b) {

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -89,7 +90,11 @@ class torch_caching_emulator final : public device_resource {
   std::size_t allocation_size(const void* ptr) const noexcept override;
 
   const torch_options& options() const noexcept { return opt_; }
-  torch_counters counters() const noexcept { return ctr_; }
+  torch_counters counters() const {
+    std::lock_guard<std::mutex> lk(mu_);
+    return ctr_;
+  }
+  // Unlocked reads for the thread that drives the replay (read after every op).
   std::size_t reserved_bytes() const noexcept { return total_reserved_; }
   std::size_t allocated_bytes() const noexcept { return ctr_.allocated_bytes; }
   // Every segment (mapped range) with its blocks, by address.
@@ -130,6 +135,9 @@ class torch_caching_emulator final : public device_resource {
   void delete_block(block* b) noexcept;
   void add_reserved(std::size_t n) noexcept;
 
+  // One lock for everything: an emulation is replayed by one thread, but nothing
+  // stops two Python threads from sharing one, and the books must stay whole.
+  mutable std::mutex mu_;
   torch_options opt_;
   std::string name_;
   std::unique_ptr<pool> large_, small_;
