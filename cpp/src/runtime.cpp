@@ -4,6 +4,7 @@
 #include <map>
 #include <mutex>
 
+#include "vramkit/emul/torch_caching.hpp"
 #include "vramkit/mr/page_resource.hpp"
 #include "vramkit/mr/tracking_adaptor.hpp"
 #include "vramkit/platform/cuda.hpp"
@@ -184,7 +185,9 @@ std::shared_ptr<device_resource> make_resource(const std::string& spec, int devi
                                              cuda::make_stream_ops(device), o);
     throw invalid_argument("pool upstream '" + upstream + "' is not one of host, vmm, cuda, cuda_async");
   }
-  throw invalid_argument("unknown allocator '" + kind + "' (known: vramkit, pool, host, vmm, cuda, cuda_async)");
+  if (emul::is_torch_spec(spec)) return emul::make_torch_emulator(spec, 0);
+  throw invalid_argument("unknown allocator '" + kind +
+                         "' (known: vramkit, pool, host, vmm, cuda, cuda_async, torch-default, torch-expandable, torch:OPTIONS)");
 }
 
 }  // namespace vramkit

@@ -16,3 +16,4 @@ nb::dict stats_dict(const statistics& s);
 void bind_buffer(nanobind::module_& m);
 void bind_monitor(nanobind::module_& m);
 void bind_leaks(nanobind::module_& m);
+void bind_emul(nanobind::module_& m);

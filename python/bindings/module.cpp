@@ -349,4 +349,5 @@ NB_MODULE(_vramkit, m) {
   bind_buffer(m);
   bind_monitor(m);
   bind_leaks(m);
+  bind_emul(m);
 }

@@ -15,8 +15,8 @@ class CliError(Exception):
 def _default_allocators() -> list[str]:
     from . import _vramkit
     if _vramkit.backend() == "cuda":
-        return ["vramkit", "cuda", "cuda_async"]
-    return ["vramkit", "host"]
+        return ["vramkit", "cuda", "cuda_async", "torch-default", "torch-expandable"]
+    return ["vramkit", "host", "torch-default", "torch-expandable"]
 
 
 def _parse_capacity(text: str | None) -> int | None:
@@ -64,6 +64,8 @@ def replay_ops(trace):
 def _make(spec: str, capacity: int | None):
     from . import _vramkit
     kind = spec.split(":", 1)[0]
+    if _vramkit.is_torch_spec(spec):  # PyTorch's allocator, emulated; capacity = the device it sees
+        return _vramkit.torch_emulator(spec, capacity or 0)
     if kind in ("vramkit", "pool"):
         if capacity is not None:
             spec = spec + ("," if ":" in spec else ":") + f"reserve_limit:{capacity}"
@@ -180,6 +182,11 @@ def cmd_report(args) -> int:
             extra.append(("Memory over time (recording)", recording_section_html(args.recording)))
         except (OSError, ValueError) as e:
             raise CliError(f"--recording {args.recording}: {e}") from None
+    from .report.allocators import allocator_section  # PyTorch's allocator, emulated, beside vramkit
+    from .advise import DEFAULT_CANDIDATES, progress_printer
+    extra.insert(0, allocator_section(trace, trace.ops, args.allocator or DEFAULT_CANDIDATES, capacity,
+                                      progress_printer(trace.name, not args.no_progress and sys.stderr.isatty()),
+                                      timelines))
     out = args.output
     try:
         render_report(out, trace, results, timelines, peak_state,
@@ -228,6 +235,8 @@ def build_parser() -> argparse.ArgumentParser:
         add_monitor_commands(sub)
     except ImportError:
         pass
+    from .cli_advise import add_advise_command
+    add_advise_command(sub)
     try:
         from .leaks.cli import add_leak_commands
         add_leak_commands(sub)

@@ -26,7 +26,7 @@ import re
 import zlib
 from typing import Any, Iterator
 
-from . import safe_pickle, v1
+from . import fast_csv, safe_pickle, v1
 from .model import Trace, TraceBuilder
 
 __all__ = [
@@ -234,6 +234,10 @@ def read_pytorch_trace_csv(path: str | os.PathLike[str], *, name: str | None = N
     ``segment_*``, ``snapshot`` and ``oom`` rows are counted in ``metadata["events"]``.
     """
     fname = _display(path)
+    if os.path.getsize(path) >= fast_csv.FAST_MIN_BYTES:  # long traces: columnar, same result
+        fast = fast_csv.read_fast(path, name or trace_name_from_path(path), fname)
+        if fast is not None:
+            return fast
     b = TraceBuilder(name or trace_name_from_path(path), "pytorch-trace-csv")
     events: collections.Counter[str] = collections.Counter()
     rows = _csv_rows(path)

@@ -247,51 +247,31 @@ def read_v1(path: str | os.PathLike[str], *, name: str | None = None) -> Trace:
     of an id that is live, a free whose size differs from its allocation's, and indices outside
     the stream/site tables are errors.
     """
-    cols = [array("q") for _ in range(5)]
-    times = array("q")
+    # Column by column, chunk by chunk: the raw 32-byte records never exist all at once.
+    names = ("action", "stream", "site", "id", "size", "t_ns")
+    cols: dict[str, list[np.ndarray]] = {k: [] for k in names}
     all_timed = True
-    live: dict[int, tuple[int, int, int]] = {}
-    next_id = skipped = 0
     with V1Reader(path) as r:
         fname = r.name
-        base = 0
         for recs in r.chunks():
             all_timed = all_timed and bool(np.all(recs["flags"] & FLAG_TIME))
-            acts = recs["action"].tolist()
-            ids = recs["id"].tolist()
-            sizes = recs["size"].tolist()
-            streams = recs["stream"].tolist()
-            sites = recs["site"].tolist()
-            t_list = (recs["t_ns"] // 1000).tolist() if all_timed else None
-            for k, act in enumerate(acts):
-                ident = ids[k]
-                if act == ALLOC:
-                    if ident in live:
-                        raise ValueError(f"{fname}: record {base + k}: alloc of id {ident} that is still live")
-                    live[ident] = (next_id, sizes[k], sites[k])
-                    row = (ALLOC, next_id, sizes[k], streams[k], sites[k])
-                    next_id += 1
-                else:
-                    rec = live.pop(ident, None)
-                    if rec is None:
-                        skipped += 1
-                        continue
-                    if sizes[k] and sizes[k] != rec[1]:
-                        raise ValueError(f"{fname}: record {base + k}: free of id {ident} with size "
-                                         f"{sizes[k]}, allocated with {rec[1]}")
-                    row = (FREE, rec[0], rec[1], streams[k], rec[2])
-                for c, v in zip(cols, row):
-                    c.append(v)
-                if t_list is not None:
-                    times.append(t_list[k])
-            base += len(acts)
+            for k in names:
+                if k != "t_ns" or all_timed:
+                    cols[k].append(recs[k].copy())
+            if not all_timed:
+                cols["t_ns"].clear()
         meta = r.metadata
         stream_table = r.streams or []
         site_table = r.sites or [""]
-    n = len(cols[0])
-    ops = np.empty((n, 5), dtype=np.int64)
-    for i, c in enumerate(cols):
-        ops[:, i] = np.frombuffer(c, dtype=np.int64) if n else 0
+    joined = {}
+    for k in names:
+        joined[k] = np.concatenate(cols[k]) if cols[k] else np.zeros(0, dtype=RECORD_DTYPE[k])
+        cols[k].clear()
+    all_timed = all_timed and joined["action"].size > 0
+    ops, keep, skipped, left_live = _pair_records(joined, fname)
+    n = ops.shape[0]
+    times = (joined["t_ns"][keep] // 1000).astype(np.int64) if all_timed else None
+    del joined, keep
     if n and int(ops[:, 3].max()) >= len(stream_table):
         k = int(np.argmax(ops[:, 3] >= len(stream_table)))
         raise ValueError(f"{fname}: op {k}: stream index {int(ops[k, 3])} outside the stream table "
@@ -300,13 +280,77 @@ def read_v1(path: str | os.PathLike[str], *, name: str | None = None) -> Trace:
         k = int(np.argmax(ops[:, 4] >= len(site_table)))
         raise ValueError(f"{fname}: op {k}: site index {int(ops[k, 4])} outside the site table "
                          f"({len(site_table)} entries)")
-    t_us = np.frombuffer(times, dtype=np.int64).copy() if (all_timed and n) else None
+    t_us = times if (all_timed and n) else None
     trace_name = name or (meta.get("name") if isinstance(meta.get("name"), str) and meta.get("name") else None)
     from .importers import trace_name_from_path  # local: importers imports this module
     return Trace(name=trace_name or trace_name_from_path(path), source="vramkit-v1", ops=ops,
                  streams=list(stream_table),
-                 sites=list(site_table), t_us=t_us, skipped_frees=skipped, left_live=len(live),
+                 sites=list(site_table), t_us=t_us, skipped_frees=skipped, left_live=left_live,
                  metadata={"format": "vramkit-v1", "file": fname, "v1": meta})
+
+
+def _pair_records(recs: dict[str, np.ndarray], fname: str) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """Pairs each free with its allocation, all at once (a 10-million-record file stays a few
+    arrays, never Python objects per record).
+
+    Records are grouped by id in time order: within a group a free right after an alloc frees
+    it; a free after nothing or after a free is dropped (the tracer started mid-run); an alloc
+    right after an alloc is an error. Returns ``(ops, kept record mask, skipped, left live)``.
+    """
+    n = recs["action"].shape[0]
+    if n == 0:
+        return np.zeros((0, 5), dtype=np.int64), np.zeros(0, dtype=bool), 0, 0
+    act = recs["action"].astype(np.int8)
+    ids = recs["id"]
+    order = np.lexsort((np.arange(n), ids))  # by id, then time
+    g_act = act[order]
+    same = np.zeros(n, dtype=bool)
+    same[1:] = ids[order[1:]] == ids[order[:-1]]
+    prev_alloc = np.zeros(n, dtype=bool)  # the previous record of the same id is an alloc
+    prev_alloc[1:] = same[1:] & (g_act[:-1] == ALLOC)
+    double = np.flatnonzero((g_act == ALLOC) & prev_alloc)
+    if double.size:
+        k = int(order[double].min())
+        raise ValueError(f"{fname}: record {k}: alloc of id {int(ids[k])} that is still live")
+    skip_sorted = (g_act == FREE) & ~prev_alloc
+    keep = np.ones(n, dtype=bool)
+    keep[order[skip_sorted]] = False
+    n_skipped = int(skip_sorted.sum())
+    last = np.ones(n, dtype=bool)  # the last record of each id group
+    last[:-1] = ~same[1:]
+    left_live = int(np.count_nonzero(last & (g_act == ALLOC)))
+    del skip_sorted, last, same
+    is_alloc = act == ALLOC
+    dense = np.cumsum(is_alloc, dtype=np.int64) - 1  # dense id of each alloc, in time order
+    # each kept free takes the record index of the alloc just before it in its group
+    partner = np.full(n, -1, dtype=np.int64)
+    free_sorted = np.flatnonzero((g_act == FREE) & prev_alloc)
+    partner[order[free_sorted]] = order[free_sorted - 1]
+    del order, g_act, prev_alloc, free_sorted
+    fr = np.flatnonzero(partner >= 0)
+    src = partner[fr]
+    del partner
+    sizes = recs["size"].astype(np.int64)
+    bad = np.flatnonzero((sizes[fr] != 0) & (sizes[fr] != sizes[src]))
+    if bad.size:
+        k, j = int(fr[bad[0]]), int(src[bad[0]])
+        raise ValueError(f"{fname}: record {k}: free of id {int(ids[k])} with size {int(sizes[k])}, "
+                         f"allocated with {int(sizes[j])}")
+    ops = np.empty((int(keep.sum()), 5), dtype=np.int64)
+    ops[:, 0] = act[keep]
+    # frees take their allocation's dense id, size and site (written in place: frees read
+    # only allocation rows)
+    dense[fr] = dense[src]
+    ops[:, 1] = dense[keep]
+    del dense
+    sizes[fr] = sizes[src]
+    ops[:, 2] = sizes[keep]
+    del sizes
+    ops[:, 3] = recs["stream"][keep]
+    site = recs["site"].astype(np.int64)
+    site[fr] = site[src]
+    ops[:, 4] = site[keep]
+    return ops, keep, n_skipped, left_live
 
 
 # -- writing ---------------------------------------------------------------------------------------

@@ -1,0 +1,111 @@
+// The PyTorch allocator emulation under random operation sequences: its
+// books must balance after every step in every mode (and, under ASan/UBSan,
+// block splitting, merging and unmapping must never touch a dead block).
+// The rule-by-rule answers are checked in python/tests/test_torch_emulation.py.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "vramkit/emul/torch_caching.hpp"
+
+using namespace vramkit;
+using emul::make_torch_emulator;
+
+namespace {
+
+void check_books(const emul::torch_caching_emulator& e) {
+  std::size_t mapped = 0, allocated = 0;
+  for (auto& s : e.segments()) {
+    std::size_t sum = 0;
+    std::uintptr_t at = s.addr;
+    for (auto& b : s.blocks) {
+      ASSERT_EQ(b.addr, at) << "blocks of a segment must tile it";
+      at += b.size;
+      sum += b.size;
+      if (b.allocated) {
+        allocated += b.size;
+        ASSERT_LE(b.requested, b.size);
+      }
+    }
+    ASSERT_EQ(sum, s.size);
+    mapped += s.size;
+  }
+  ASSERT_EQ(mapped, e.reserved_bytes());
+  ASSERT_EQ(allocated, e.allocated_bytes());
+}
+
+void random_run(const std::string& spec, std::size_t capacity, unsigned seed) {
+  auto e = make_torch_emulator(spec, capacity);
+  std::mt19937_64 rng(seed);
+  std::vector<std::pair<void*, std::size_t>> live;
+  std::size_t ooms = 0;
+  for (int step = 0; step < 4000; ++step) {
+    bool alloc = live.empty() || rng() % 100 < 55;
+    if (alloc) {
+      // sizes from 1 byte to 256 MiB, log-uniform, on one of three streams
+      double lg = std::uniform_real_distribution<double>(0, 28)(rng);
+      auto n = static_cast<std::size_t>(std::exp2(lg));
+      stream_t s = rng() % 3;
+      try {
+        void* p = e->allocate(n, s);
+        ASSERT_NE(p, nullptr);
+        ASSERT_GE(e->allocation_size(p), e->round_size(n));
+        live.emplace_back(p, n);
+      } catch (const out_of_memory&) {
+        ++ooms;
+      }
+    } else {
+      std::size_t k = rng() % live.size();
+      EXPECT_EQ(e->try_deallocate(live[k].first, live[k].second, 0), free_status::ok);
+      live[k] = live.back();
+      live.pop_back();
+    }
+    if (step % 97 == 0) e->release_cached();
+    if (step % 50 == 0) check_books(*e);
+    if (capacity) {
+      ASSERT_LE(e->reserved_bytes(), capacity);
+    }
+  }
+  check_books(*e);
+  for (auto& [p, n] : live) EXPECT_EQ(e->try_deallocate(p, n, 0), free_status::ok);
+  e->release_cached();
+  EXPECT_EQ(e->reserved_bytes(), 0u) << spec << ": empty_cache with nothing live must return everything";
+  EXPECT_EQ(e->allocated_bytes(), 0u);
+  if (capacity) EXPECT_GT(ooms, 0u) << spec << ": the capacity was meant to be reached";
+}
+
+}  // namespace
+
+TEST(TorchEmulation, RandomSequencesKeepTheBooks) {
+  const char* specs[] = {"torch-default", "torch-expandable", "torch:max_split_size_mb=64",
+                         "torch:roundup_power2_divisions=4", "torch-expandable:max_split_size_mb=64",
+                         "torch:garbage_collection_threshold=0.5,per_process_memory_fraction=0.9"};
+  unsigned seed = 1;
+  for (const char* spec : specs) {
+    random_run(spec, std::size_t{3} << 30, seed++);
+    if (std::string(spec).find("fraction") == std::string::npos) random_run(spec, 0, seed++);
+  }
+}
+
+TEST(TorchEmulation, BadFreeIsRefusedAndChangesNothing) {
+  auto e = make_torch_emulator("torch-default", 0);
+  void* p = e->allocate(1000, 0);
+  int x = 0;
+  EXPECT_EQ(e->try_deallocate(&x, 4, 0), free_status::not_owned);
+  EXPECT_EQ(e->reserved_bytes(), std::size_t{2} << 20);
+  EXPECT_EQ(e->try_deallocate(p, 1000, 0), free_status::ok);
+  EXPECT_EQ(e->try_deallocate(p, 1000, 0), free_status::not_owned);
+}
+
+TEST(TorchEmulation, MakeResourceKnowsTheNames) {
+  EXPECT_THROW(make_torch_emulator("torch:nope=1", 0), invalid_argument);
+  EXPECT_THROW(make_torch_emulator("torch:max_split_size_mb=", 0), invalid_argument);
+  EXPECT_THROW(make_torch_emulator("torch:max_split_size_mb", 0), invalid_argument);
+  EXPECT_THROW(make_torch_emulator("torch:max_split_size_mb=128:64", 0), invalid_argument);
+  auto e = make_torch_emulator("torch-expandable:roundup_power2_divisions=[1:2,>:8]", 0);
+  EXPECT_EQ(e->options().conf_line(),
+            "expandable_segments:True,roundup_power2_divisions:[1:2,2:8,4:8,8:8,16:8,32:8,64:8,128:8,256:8,512:8,"
+            "1024:8,2048:8,4096:8,8192:8,16384:8,32768:8]");
+}
