@@ -4,12 +4,17 @@
 #   VRAMKIT_GTEST_SOURCE_DIR  GoogleTest sources when it is not installed
 #   VRAMKIT_TRACE_DIR         *.trace.csv files for the anchors' harness
 #   VRAMKIT_ANCHORS_DIR       the anchors' harness (anchors.py, replay_cuda.cu)
+#   VRAMKIT_GPU_BENCH         comma-separated GPU benchmarks to run after the tests:
+#                             quant, emul (needs VRAMKIT_TRACE_DIR), checkpoint, e2e
+#                             (each takes minutes: split them over calls of a time-limited machine)
+#   VRAMKIT_GPU_TESTS=0       skip the build and the tests (benchmarks only)
 set -uo pipefail
 cd "$(dirname "$0")/.."
 status=0
 out=${1:-build/gpu-check}
 mkdir -p "$out"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader | tee "$out/gpu.txt"
+if [ "${VRAMKIT_GPU_TESTS:-1}" = 1 ]; then
 echo "== build (C++ core, tests, replay bench)"
 cmake -S . -B build/gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DVRAMKIT_CUDA=ON -DVRAMKIT_KERNELS=OFF \
   ${VRAMKIT_GTEST_SOURCE_DIR:+-DVRAMKIT_GTEST_SOURCE_DIR=$VRAMKIT_GTEST_SOURCE_DIR} >"$out/cmake.log" 2>&1 || { tail -20 "$out/cmake.log"; exit 1; }
@@ -34,6 +39,33 @@ if [ "${VRAMKIT_GPU_PYTHON:-1}" = 1 ]; then
   rc=$?
   grep -E "passed|failed|error" "$out/pytest-gpu.log" | tail -3
   [ $rc -eq 0 ] || { grep -E "^(FAILED|ERROR)" "$out/pytest-gpu.log" | head -20; status=1; }
+fi
+fi
+bench=",${VRAMKIT_GPU_BENCH:-},"
+if [ "$bench" != ",," ]; then
+  python3 -c "import vramkit" 2>/dev/null || python3 -m pip install -q --no-build-isolation . >"$out/pip.log" 2>&1 \
+    || { tail -20 "$out/pip.log"; exit 1; }
+fi
+if [[ $bench == *,quant,* ]]; then
+  echo "== quantization kernels against the device's copy bandwidth"
+  python3 benchmarks/quant_bench.py --out "$out/quant_bench.json" 2>&1 | tee "$out/quant-bench.txt" | tail -40
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if [[ $bench == *,emul,* ]]; then
+  echo "== PyTorch allocator emulation against the real allocator"
+  python3 benchmarks/torch_emulation_check.py "${VRAMKIT_TRACE_DIR:?emul needs VRAMKIT_TRACE_DIR}" \
+    --json "$out/emul-check.json" 2>&1 | tee "$out/emul-check.txt" | tail -60
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if [[ $bench == *,checkpoint,* ]] && [ -f benchmarks/checkpoint_bench.py ]; then
+  echo "== gradient-checkpoint plans against no checkpointing, sqrt(n) and everything"
+  python3 benchmarks/checkpoint_bench.py --json "$out/checkpoint.json" 2>&1 | tee "$out/checkpoint.txt" | tail -40
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if [[ $bench == *,e2e,* ]]; then
+  echo "== end to end: seven workloads under PyTorch's default, expandable_segments and vramkit"
+  python3 benchmarks/gpu_end_to_end.py --json "$out/e2e.json" 2>"$out/e2e-progress.log" | tee "$out/e2e.txt" | tail -40
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if [ -n "${VRAMKIT_TRACE_DIR:-}" ] && [ -n "${VRAMKIT_ANCHORS_DIR:-}" ]; then
   echo "== anchors and vramkit on the same .ops files, one run"
