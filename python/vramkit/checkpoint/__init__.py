@@ -14,30 +14,30 @@ from .planner import (all_plans, baselines, brute_force, checkpoint_all, chen_sq
 
 
 def profile(model, sample_input, **kw) -> Chain:
-    """Measure a model's chain of blocks over a training step (PyTorch, CUDA); see :mod:`.profile`."""
-    from .profile import profile as _p
+    """Measure a model's chain of blocks over a training step (PyTorch, CUDA); see :mod:`.profiling`."""
+    from .profiling import profile as _p
     return _p(model, sample_input, **kw)
 
 
 def apply(model, budget=None, sample_input=None, **kw) -> Plan:
-    """Profile (unless ``chain=``), plan and wrap the chosen blocks; see :func:`.apply.apply`."""
-    from .apply import apply as _a
+    """Profile (unless ``chain=``), plan and wrap the chosen blocks; see :func:`.wrapping.apply`."""
+    from .wrapping import apply as _a
     return _a(model, budget, sample_input, **kw)
 
 
 def apply_plan(model, plan_: Plan, **kw) -> Plan:
-    from .apply import apply_plan as _ap
+    from .wrapping import apply_plan as _ap
     return _ap(model, plan_, **kw)
 
 
 def remove(model) -> None:
     """Undo :func:`apply`: every block runs its own forward again."""
-    from .apply import remove as _r
+    from .wrapping import remove as _r
     _r(model)
 
 
 def find_blocks(model, blocks=None):
-    from .profile import find_blocks as _f
+    from .profiling import find_blocks as _f
     return _f(model, blocks)
 
 

@@ -13,7 +13,7 @@ import warnings
 import weakref
 
 from .model import Chain, Plan
-from .profile import find_blocks, hidden_of
+from .profiling import find_blocks, hidden_of
 
 _applied: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
@@ -93,11 +93,13 @@ def apply_plan(model, plan: Plan, *, blocks=None) -> Plan:
 
 
 def apply(model, budget=None, sample_input=None, *, chain: Chain = None, strategy: str = "optimal",
-          loss_fn=None, optimizer=None, blocks=None, max_segment: int = None, **profile_kw) -> Plan:
+          loss_fn=None, optimizer=None, blocks=None, max_segment: int = None, margin: float = 0.03,
+          **profile_kw) -> Plan:
     """Choose and apply checkpointing for ``model``; returns the :class:`Plan`.
 
-    ``strategy``: ``"optimal"`` (least recomputation whose predicted peak fits ``budget``),
-    ``"sqrt"`` (Chen's rule), ``"all"`` (every block), ``"none"``. The chain is profiled on
+    ``strategy``: ``"optimal"`` (least recomputation whose predicted peak fits ``budget`` less
+    ``margin``, a fraction kept for the model's error and the allocator's rounding), ``"sqrt"``
+    (Chen's rule), ``"all"`` (every block), ``"none"``. The chain is profiled on
     ``sample_input`` unless ``chain`` is given (from :func:`profile` or :meth:`Chain.load`)."""
     from . import planner
     strategies = {"optimal", "sqrt", "all", "none"}
@@ -105,18 +107,21 @@ def apply(model, budget=None, sample_input=None, *, chain: Chain = None, strateg
         raise ValueError(f"strategy must be one of {sorted(strategies)}, not {strategy!r}")
     if strategy == "optimal" and budget is None:
         raise ValueError("strategy 'optimal' needs a budget, e.g. budget='12GiB'")
+    if not (0 <= margin < 0.5):
+        raise ValueError(f"margin must be a fraction in [0, 0.5), not {margin!r}")
     if budget is not None:
         from .model import parse_budget
-        parse_budget(budget)      # a bad budget fails before any profiling
+        budget = parse_budget(budget)      # a bad budget fails before any profiling
     if chain is None:
         if sample_input is None:
             raise ValueError("apply needs sample_input= to profile the model (or chain= from a profile)")
         import torch  # noqa: F401  (profiling needs it: fail before touching the model)
-        from .profile import profile
+        from .profiling import profile
         remove(model)
         chain = profile(model, sample_input, loss_fn=loss_fn, optimizer=optimizer, blocks=blocks, **profile_kw)
     if strategy == "optimal":
-        p = planner.plan(chain, budget, max_segment=max_segment)
+        p = planner.plan(chain, int(budget * (1 - margin)), max_segment=max_segment)
+        p.budget = budget
     else:
         p = {"sqrt": planner.chen_sqrt, "all": planner.checkpoint_all, "none": planner.no_checkpoint}[strategy](chain)
     return apply_plan(model, p, blocks=blocks)
