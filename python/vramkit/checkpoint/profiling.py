@@ -314,6 +314,9 @@ def profile(model, sample_input, *, loss_fn=None, optimizer=None, blocks=None, s
         raise ValueError("steps must be at least 1 and warmup not negative")
     names, mods = find_blocks(model, blocks)
     n = len(mods)
+    if any(getattr(m.__dict__.get("forward"), "_vramkit_checkpoint", False) for m in mods):
+        raise ValueError("the model has a checkpoint plan applied: call vramkit.checkpoint.remove(model) before "
+                         "profiling it")
     params = {_ptr(p) for p in model.parameters()} | {_ptr(b) for b in model.buffers()}
     external = {_ptr(t) for t in _tensors(sample_input)}
     step = Step(model, sample_input, loss_fn, optimizer)

@@ -35,7 +35,7 @@ def _chain_call(forwards):
 def _wrap(mods, l, r):
     import torch.utils.checkpoint as cp
     seg = mods[l:r]
-    run = _chain_call([m.forward for m in seg])
+    run = _chain_call([m.forward for m in seg])    # the blocks' own forwards (ours were removed)
     state = {}
 
     def checkpointed(*args, **kwargs):
@@ -59,10 +59,20 @@ def _wrap(mods, l, r):
             return out
         return forward
 
+    checkpointed._vramkit_checkpoint = True
     seg[0].forward = checkpointed
     for k, m in enumerate(seg[1:], start=l + 1):
         m.forward = passthrough(k)
+        m.forward._vramkit_checkpoint = True
     return seg
+
+
+def _unwrap(mods) -> None:
+    """Drop any forward of ours from these blocks (also one applied through another handle)."""
+    for m in mods:
+        f = m.__dict__.get("forward")
+        if f is not None and getattr(f, "_vramkit_checkpoint", False):
+            del m.__dict__["forward"]
 
 
 def remove(model) -> None:
@@ -80,6 +90,7 @@ def apply_plan(model, plan: Plan, *, blocks=None) -> Plan:
     if plan.names and list(plan.names) != list(names):
         raise ValueError("the plan was made for other blocks (names differ): profile this model")
     remove(model)
+    _unwrap(mods)
     cfg = getattr(model, "config", None)
     if plan.checkpointed and getattr(cfg, "use_cache", False):
         warnings.warn("model.config.use_cache is True: every layer's keys and values are kept (and made inside "
