@@ -110,10 +110,19 @@ def gpt2(n_layer=12, n_embd=768, n_head=12, vocab=50257, seq=1024, batch=8, attn
     def build():
         import torch
         from transformers import GPT2Config, GPT2LMHeadModel
-        cfg = GPT2Config(n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=vocab, n_positions=seq,
-                         use_cache=False, attn_implementation=attn)
+        kw = dict(n_layer=n_layer, n_embd=n_embd, n_head=n_head, vocab_size=vocab, n_positions=seq, use_cache=False)
+        try:
+            cfg = GPT2Config(attn_implementation=attn, **kw)
+        except TypeError:              # a transformers without the argument
+            cfg = GPT2Config(**kw)
         torch.manual_seed(seed)
-        model = GPT2LMHeadModel(cfg).cuda().train()
+        model = GPT2LMHeadModel(cfg)
+        if getattr(model.config, "_attn_implementation", attn) != attn:
+            try:
+                model.config._attn_implementation = attn
+            except Exception:
+                pass
+        model = model.cuda().train()
         g = torch.Generator(device="cpu").manual_seed(seed + 1)
         ids = torch.randint(0, vocab, (batch, seq), generator=g).cuda()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4)

@@ -282,9 +282,12 @@ class _Recorder:
 
     def pack(self, t):
         if self.cur is not None:
-            p = _ptr(t)
-            if p not in self.params:
-                self.saved[self.cur][p] = _nbytes(t)
+            try:
+                p, nb = _ptr(t), _nbytes(t)
+            except (RuntimeError, NotImplementedError):   # a tensor without a plain storage (sparse...)
+                p, nb = None, 0
+            if p is not None and p not in self.params:
+                self.saved[self.cur][p] = nb
         # A detached alias: same storage (so the same memory is kept), but no reference back to
         # the autograd graph (returning t itself would make a cycle for saved outputs).
         return t.detach()
