@@ -19,6 +19,8 @@ from __future__ import annotations
 import itertools
 import math
 
+import numpy as np
+
 from .model import BudgetError, Chain, Plan, evaluate, fmt_bytes, parse_budget, segment_terms
 
 
@@ -54,23 +56,26 @@ def _transitions(ch, plain, ck, l, max_segment):
         yield (l, r, True), ck[l][r]
 
 
-def _pareto(cands):
-    """States sorted by K, each strictly better in value than every state with a smaller K."""
-    cands.sort(key=lambda s: (s[0], s[1]))
-    out, best = [], math.inf
-    for s in cands:
-        if s[1] < best:
-            out.append(s)
-            best = s[1]
-    return out
+# A front is a tuple of arrays, one entry per state, sorted by K: (K, value, previous boundary,
+# index of the previous state there, end of the segment that led here, checkpointed or not).
+
+def _pareto(parts):
+    """The states of ``parts`` that no state with a smaller or equal K beats in value."""
+    k, v, pl, pi, pe, pc = (np.concatenate(x) for x in zip(*parts))
+    order = np.lexsort((v, k))
+    k, v = k[order], v[order]
+    best_before = np.minimum.accumulate(np.concatenate(([np.inf], v[:-1])))
+    keep = v < best_before
+    order = order[keep]
+    return k[keep], v[keep], pl[order], pi[order], pe[order], pc[order]
 
 
-def _walk(fronts, state):
-    segs = []
-    while state[2] is not None:
-        j, idx, seg = state[2]
-        segs.append(seg)
-        state = fronts[j][idx]
+def _walk(fronts, i):
+    segs, j = [], len(fronts) - 1
+    while fronts[j][2][i] >= 0:
+        f = fronts[j]
+        segs.append((int(f[2][i]), int(f[4][i]), bool(f[5][i])))
+        j, i = int(f[2][i]), int(f[3][i])
     return segs[::-1]
 
 
@@ -79,44 +84,53 @@ def _run(ch: Chain, q: int, budget: int | None, max_segment: int):
     the running peak (the least-peak plan)."""
     n = len(ch)
     plain, ck = _terms(ch)
-    up = (lambda v: -(-v // q) * q)
+    start = 0.0 if budget is not None else float(ch.fixed_peak)
     cands = [[] for _ in range(n + 1)]
-    cands[0] = [(0, 0.0 if budget is not None else ch.fixed_peak, None)]
+    cands[0] = [(np.zeros(1, np.int64), np.array([start]), np.array([-1]), np.array([-1]), np.zeros(1, np.int64),
+                 np.zeros(1, bool))]
     fronts = [None] * (n + 1)
     for l in range(n):
+        if not cands[l]:                            # nothing fits up to this boundary
+            continue
         fronts[l] = _pareto(cands[l])
         cands[l] = None
-        for idx, (k, val, _) in enumerate(fronts[l]):
-            for seg, (kept, local, t) in _transitions(ch, plain, ck, l, max_segment):
-                here = ch.base + k + local
-                if budget is not None:
-                    if here > budget:
-                        continue
-                    nv = val + t
-                else:
-                    nv = max(val, here)
-                cands[seg[1]].append((up(k + kept), nv, (l, idx, seg)))
+        k, v = fronts[l][0], fronts[l][1]
+        idx = np.arange(len(k))
+        for (s, e, c), (kept, local, t) in _transitions(ch, plain, ck, l, max_segment):
+            if budget is not None:
+                lim = min(budget - ch.base - local, 1 << 62)
+                m = int(np.searchsorted(k, lim, side="right"))      # k is sorted: a prefix fits
+                if m == 0:
+                    continue
+                nk, nv, src = k[:m] + kept, v[:m] + t, idx[:m]
+            else:
+                nk, nv, src = k + kept, np.maximum(v, ch.base + k + local), idx
+            nk = -(-nk // q) * q                    # rounded up: never less than the true bytes
+            cands[e].append((nk, nv, np.full(len(nk), l), src, np.full(len(nk), e), np.full(len(nk), c)))
+    if not cands[n]:
+        return None
     fronts[n] = _pareto(cands[n])
     return fronts
 
 
 def _finish(ch, fronts, budget, q, name):
-    best = None
-    for st in fronts[-1]:
-        k, val = st[0], st[1]
-        if budget is not None:
-            if ch.base + k + ch.head > budget or ch.fixed_peak > budget:
-                continue
-            key = (val, k)
-        else:
-            key = (max(val, ch.base + k + ch.head), k)
-        if best is None or key < best[0]:
-            best = (key, st)
-    if best is None:
+    if fronts is None:
         return None
-    segs = _walk(fronts, best[1])
+    k, v = fronts[-1][0], fronts[-1][1]
+    end = ch.base + k + ch.head
+    if budget is not None:
+        ok = np.flatnonzero((end <= budget) & (ch.fixed_peak <= budget))
+        if len(ok) == 0:
+            return None
+        key = v[ok]
+    else:
+        ok = np.arange(len(k))
+        key = np.maximum(v, end)
+    best = ok[np.lexsort((k[ok], key))[0]]
+    segs = _walk(fronts, best)
     peak, extra = evaluate(ch, segs)
-    return Plan(segments=segs, peak=peak, extra_time=extra, budget=budget, name=name, names=ch.names), best[0][0]
+    value = float(v[best]) if budget is not None else float(max(v[best], end[best]))
+    return Plan(segments=segs, peak=peak, extra_time=extra, budget=budget, name=name, names=ch.names), value
 
 
 def _max_segment(ch, max_segment):
