@@ -65,12 +65,22 @@ def test_loss_and_gradients_equal_to_plain(name):
     # kernels on the same inputs, with the RNG state restored for dropout). Parameters outside the
     # chain (embeddings, stem, head) may go through kernels with atomic adds (embedding, pooling
     # backward), so the whole model is compared to a relative error of 1e-6.
+    # If two plain runs already differ (a kernel with no deterministic version), the plans are held
+    # to that noise floor instead (10x its relative difference), and the test says so.
     r = result(name)
+    again = next(x for x in r["runs"] if x["plan"] == "none (again)")
+    exact = again["loss_equal"] and again["block_grads_equal"]
+    floor = max(1e-6, 10 * again["grads_max_rel"])
     for x in r["runs"]:
-        assert x["loss_equal"], f"{x['plan']}: loss {x['loss']} differs\n{_summary(r)}"
-        assert x["block_grads_equal"], f"{x['plan']}: block gradients differ (max abs " \
-                                       f"{x['block_max_abs_diff']} at {x['block_worst']})"
-        assert x["grads_max_rel"] <= 1e-6, f"{x['plan']}: gradients differ (relative {x['grads_max_rel']})"
+        if exact:
+            assert x["loss_equal"], f"{x['plan']}: loss {x['loss']} differs\n{_summary(r)}"
+            assert x["block_grads_equal"], f"{x['plan']}: block gradients differ (max abs " \
+                                           f"{x['block_max_abs_diff']} at {x['block_worst']})"
+        assert x["grads_max_rel"] <= floor, f"{x['plan']}: gradients differ (relative {x['grads_max_rel']}, " \
+                                            f"plain vs plain {again['grads_max_rel']})"
+    if not exact:
+        pytest.xfail(f"{name}: two plain runs are not bitwise equal (relative {again['grads_max_rel']}); plans "
+                     f"checked against that noise floor only")
 
 
 @pytest.mark.parametrize("name", MODELS)
