@@ -37,7 +37,8 @@ MODELS = [pytest.param("gpt2", marks=needs("torch", "transformers")),
 
 def _summary(r: dict) -> str:
     rows = [f"{x['plan']:<22} budget {x['budget']} predicted {x['predicted_peak']} measured {x['peak_allocated']} "
-            f"extra {x['predicted_extra_time']:.4f}s step {x['step_time']:.4f}s" for x in r["runs"]]
+            f"extra {x['predicted_extra_time']:.4f}s step {x['step_time']:.4f}s peak at {x['predicted_where']}"
+            for x in r["runs"]]
     return "\n".join(rows)
 
 

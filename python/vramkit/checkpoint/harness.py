@@ -38,7 +38,7 @@ def run_plan(build, plan: Plan, *, steps: int = 5, warmup: int = 1, keep_grads: 
         step.zero()
         loss = step.forward()
         loss.backward()
-        out = {"plan": plan.name, "budget": plan.budget, "predicted_peak": plan.peak,
+        out = {"plan": plan.name, "budget": plan.budget, "predicted_peak": plan.peak, "predicted_where": plan.where,
                "predicted_extra_time": plan.extra_time, "checkpointed": plan.checkpointed,
                "segments": [list(s) for s in plan.segments], "loss": float(loss.detach().float().item())}
         if keep_grads:

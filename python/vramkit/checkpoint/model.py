@@ -121,6 +121,7 @@ class Plan:
     budget: int | None = None
     name: str = "plan"
     names: list = None       # block names, for display
+    where: str = None        # the phase where the predicted peak falls
 
     @property
     def checkpointed(self) -> list:
@@ -137,6 +138,7 @@ class Plan:
 
     def to_dict(self) -> dict:
         return {"name": self.name, "budget": self.budget, "peak": self.peak, "extra_time": self.extra_time,
+                "where": self.where,
                 "segments": [list(s) for s in self.segments], "checkpointed": self.checkpointed}
 
 
@@ -172,8 +174,8 @@ def evaluate(ch: Chain, segments, *, detail: bool = False):
             raise ValueError(f"segments must cover blocks 0..{len(ch) - 1} in order; got {list(segments)}")
         kept, local, t = segment_terms(ch, s, e, c)
         if ch.base + k + local > peak:
-            peak, where = ch.base + k + local, f"{'checkpointed ' if c else ''}block{'s' if e - s > 1 else ''} " \
-                                               f"{s}{'-' + str(e - 1) if e - s > 1 else ''}"
+            blocks = f"blocks {s}-{e - 1}" if e - s > 1 else f"block {s}"
+            peak, where = ch.base + k + local, ("checkpointed " if c else "") + blocks
         k += kept
         extra += t
         pos = e

@@ -128,9 +128,10 @@ def _finish(ch, fronts, budget, q, name):
         key = np.maximum(v, end)
     best = ok[np.lexsort((k[ok], key))[0]]
     segs = _walk(fronts, best)
-    peak, extra = evaluate(ch, segs)
+    peak, extra, where = evaluate(ch, segs, detail=True)
     value = float(v[best]) if budget is not None else float(max(v[best], end[best]))
-    return Plan(segments=segs, peak=peak, extra_time=extra, budget=budget, name=name, names=ch.names), value
+    return Plan(segments=segs, peak=peak, extra_time=extra, budget=budget, name=name, names=ch.names,
+                where=where), value
 
 
 def _max_segment(ch, max_segment):
@@ -176,8 +177,8 @@ def sweep(ch: Chain, budgets, *, resolution=None, max_segment=None) -> list:
 
 
 def _named(ch, segs, name):
-    peak, extra = evaluate(ch, segs)
-    return Plan(segments=segs, peak=peak, extra_time=extra, name=name, names=ch.names)
+    peak, extra, where = evaluate(ch, segs, detail=True)
+    return Plan(segments=segs, peak=peak, extra_time=extra, name=name, names=ch.names, where=where)
 
 
 def no_checkpoint(ch: Chain) -> Plan:
