@@ -242,6 +242,11 @@ def build_parser() -> argparse.ArgumentParser:
         add_leak_commands(sub)
     except ImportError:
         pass
+    try:
+        from .checkpoint.cli import add_checkpoint_commands
+        add_checkpoint_commands(sub)
+    except ImportError:
+        pass
     return p
 
 

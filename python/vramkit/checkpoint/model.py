@@ -1,0 +1,218 @@
+"""The memory and time model of one training step over a chain of blocks.
+
+A *plan* cuts the chain into segments. A plain segment is one block run normally: it keeps
+what autograd saves (``act``) until its backward. A checkpointed segment ``[l, r)`` runs blocks
+l..r-1 inside one ``torch.utils.checkpoint`` call: it keeps only the input of block l and, when
+backward reaches it, runs those blocks' forward again, so their activations exist again while
+its backward runs. The extra time of a plan is the forward time of every checkpointed block.
+
+Every figure is measured by :func:`vramkit.checkpoint.profile` (or given by hand), in bytes
+relative to what is live at the time, so the predicted peak of any plan is a sum of measured
+parts. Definitions, with ``K`` the bytes kept by the segments before the one considered and
+``base`` what is live before block 0 runs (parameters, optimizer state, inputs):
+
+- ``act[i]``: bytes block i keeps for backward when run plainly (its input too if it saves it).
+- ``inp[i]``: bytes of block i's input (kept by a checkpointed segment that starts at i).
+- ``saves_input[i]``: whether a plain block i saves its own input (then it is part of act[i]).
+- ``fwd[i]``: forward peak of block i with autograd recording, above the memory at its start
+  (which holds its input); ``fwd_nograd[i]``: the same while nothing is saved (a checkpointed
+  forward).
+- ``bwd[i]``: backward peak of block i minus ``base + act[0] + ... + act[i]`` (gradients live
+  then, the incoming gradient, temporaries).
+- ``grad_in[i]``: memory when block i's backward starts minus ``base + act[0..i]``.
+- ``head``: peak from the end of the last block's forward to the start of its backward (final
+  layers, loss and their backward) minus ``base + sum(act)``.
+- ``fixed_peak``: the peak before block 0 runs and after block 0's backward (embedding
+  backward, optimizer step): the same for every plan.
+
+The peak of a plan is the largest of ``fixed_peak``, ``base + K_all + head`` and, for each
+segment, ``base + K + local(segment)``; :func:`segment_terms` gives ``local``.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import asdict, dataclass, field
+
+Segment = tuple  # (start, stop, checkpointed): blocks start..stop-1
+
+
+class BudgetError(ValueError):
+    """A budget that is not a size, is negative, or is below what any plan needs."""
+
+
+@dataclass
+class Chain:
+    act: list
+    inp: list
+    time: list
+    names: list = None
+    saves_input: list = None
+    fwd: list = None
+    fwd_nograd: list = None
+    bwd: list = None
+    grad_in: list = None
+    base: int = 0
+    head: int = 0
+    fixed_peak: int = 0
+    meta: dict = field(default_factory=dict)
+
+    def __post_init__(self):
+        n = len(self.act)
+        if n == 0:
+            raise ValueError("a chain needs at least one block")
+        zeros = [0] * n
+        self.names = list(self.names) if self.names is not None else [f"block{i}" for i in range(n)]
+        self.saves_input = [bool(v) for v in self.saves_input] if self.saves_input is not None else [False] * n
+        for name in ("fwd", "fwd_nograd", "bwd", "grad_in"):
+            if getattr(self, name) is None:
+                setattr(self, name, list(zeros))
+        for name in ("act", "inp", "fwd", "fwd_nograd", "bwd", "grad_in", "names", "saves_input", "time"):
+            v = getattr(self, name)
+            if len(v) != n:
+                raise ValueError(f"chain field {name!r} has {len(v)} entries for {n} blocks")
+        for name in ("act", "inp", "fwd", "fwd_nograd", "bwd", "grad_in"):
+            vals = [int(x) for x in getattr(self, name)]
+            if name in ("act", "inp") and any(x < 0 for x in vals):
+                raise ValueError(f"chain field {name!r} holds a negative size")
+            setattr(self, name, vals)
+        self.time = [float(t) for t in self.time]
+        if any(t < 0 or not math.isfinite(t) for t in self.time):
+            raise ValueError("block times must be finite and not negative")
+        self.base, self.head, self.fixed_peak = int(self.base), int(self.head), int(self.fixed_peak)
+
+    def __len__(self):
+        return len(self.act)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Chain":
+        known = {k: d[k] for k in cls.__dataclass_fields__ if k in d}
+        return cls(**known)
+
+    def save(self, path: str) -> None:
+        """Writes the chain as JSON (atomically: a temporary file renamed over ``path``)."""
+        tmp = f"{path}.tmp{os.getpid()}"
+        with open(tmp, "w") as f:
+            json.dump(self.to_dict(), f, indent=1)
+        os.replace(tmp, path)
+
+    @classmethod
+    def load(cls, path: str) -> "Chain":
+        with open(path) as f:
+            try:
+                d = json.load(f)
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path} is not a chain JSON file: {e}") from None
+        if not isinstance(d, dict) or "act" not in d:
+            raise ValueError(f"{path} is not a chain JSON file (no 'act' field)")
+        return cls.from_dict(d)
+
+
+@dataclass
+class Plan:
+    """Which blocks to checkpoint and what the model predicts for the step."""
+    segments: list           # [(start, stop, checkpointed)]
+    peak: int                # predicted peak bytes of the step
+    extra_time: float        # predicted recomputation seconds per step
+    budget: int | None = None
+    name: str = "plan"
+    names: list = None       # block names, for display
+    where: str = None        # the phase where the predicted peak falls
+
+    @property
+    def checkpointed(self) -> list:
+        """Indices of the blocks that are recomputed."""
+        return [i for s, e, c in self.segments if c for i in range(s, e)]
+
+    @property
+    def checkpoint_segments(self) -> list:
+        return [(s, e) for s, e, c in self.segments if c]
+
+    def describe(self) -> str:
+        segs = [f"{s}-{e - 1}" if e - s > 1 else f"{s}" for s, e in self.checkpoint_segments]
+        return "none" if not segs else " ".join(f"[{x}]" for x in segs)
+
+    def to_dict(self) -> dict:
+        return {"name": self.name, "budget": self.budget, "peak": self.peak, "extra_time": self.extra_time,
+                "where": self.where,
+                "segments": [list(s) for s in self.segments], "checkpointed": self.checkpointed}
+
+
+def segment_terms(ch: Chain, l: int, r: int, ckpt: bool) -> tuple:
+    """(kept bytes, local peak above base + K, recompute seconds) of segment [l, r)."""
+    if not ckpt:
+        if r != l + 1:
+            raise ValueError("a plain segment is one block")
+        return ch.act[l], max(ch.inp[l] + ch.fwd[l], ch.act[l] + ch.bwd[l]), 0.0
+    x, a = ch.inp, ch.act
+    u = 0 if ch.saves_input[l] else x[l]     # the kept input, when a[l] does not hold it
+    g = ch.grad_in[r - 1]                    # gradients live when the segment's backward starts
+    local = max(x[l] + ch.fwd_nograd[l],     # forward of the first block (nothing saved)
+                g + x[l] + ch.fwd[l])        # recomputing the first block (everything saved)
+    acc = 0                                  # act of the recomputed blocks l..j-1
+    for j in range(l, r):
+        if j > l:
+            local = max(local, x[l] + x[j] + ch.fwd_nograd[j], g + u + acc + x[j] + ch.fwd[j])
+        acc += a[j]
+        local = max(local, u + acc + ch.bwd[j])  # backward of j with l..j rematerialized
+    return x[l], local, sum(ch.time[l:r])
+
+
+def evaluate(ch: Chain, segments, *, detail: bool = False):
+    """Predicted (peak, extra seconds) of a plan given as segments covering the chain in order.
+
+    With ``detail``, also the phase where the peak falls ("forward/backward of segment i..j",
+    "head", "fixed")."""
+    pos, k = 0, 0
+    peak, where, extra = ch.fixed_peak, "fixed", 0.0
+    for s, e, c in segments:
+        if s != pos or e <= s or e > len(ch):
+            raise ValueError(f"segments must cover blocks 0..{len(ch) - 1} in order; got {list(segments)}")
+        kept, local, t = segment_terms(ch, s, e, c)
+        if ch.base + k + local > peak:
+            blocks = f"blocks {s}-{e - 1}" if e - s > 1 else f"block {s}"
+            peak, where = ch.base + k + local, ("checkpointed " if c else "") + blocks
+        k += kept
+        extra += t
+        pos = e
+    if pos != len(ch):
+        raise ValueError(f"segments end at block {pos}, the chain has {len(ch)}")
+    if ch.base + k + ch.head > peak:
+        peak, where = ch.base + k + ch.head, "head (end of forward)"
+    return (peak, extra, where) if detail else (peak, extra)
+
+
+def parse_budget(budget) -> int:
+    """Bytes from ``"12GiB"``, ``"1.5 GB"``, ``"800MB"`` or an int; a clear error otherwise."""
+    if isinstance(budget, bool):
+        raise BudgetError(f"budget must be a size such as '12GiB' or a number of bytes, not {budget!r}")
+    if isinstance(budget, int):
+        if budget < 0:
+            raise BudgetError(f"budget must not be negative (got {budget} bytes)")
+        return budget
+    if isinstance(budget, float):
+        if not math.isfinite(budget) or budget != int(budget):
+            raise BudgetError(f"budget {budget!r} is not a whole number of bytes")
+        return parse_budget(int(budget))
+    if isinstance(budget, str):
+        text = budget.strip()
+        if text.startswith("-"):
+            raise BudgetError(f"budget must not be negative (got {budget!r})")
+        from .._vramkit import parse_size
+        try:
+            return int(parse_size(text))
+        except ValueError as e:
+            raise BudgetError(f"budget {budget!r} is not a size ({e}); write e.g. '12GiB', '1.5 GB' or bytes") \
+                from None
+    raise BudgetError(f"budget must be a size such as '12GiB' or a number of bytes, not {type(budget).__name__}")
+
+
+def fmt_bytes(n: int) -> str:
+    for unit, div in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if abs(n) >= div:
+            return f"{n / div:.2f} {unit}"
+    return f"{n} B"

@@ -1,0 +1,227 @@
+"""The planner: the least recomputation whose predicted peak fits a budget, for a chain.
+
+Dynamic programming over the boundaries between blocks. The state at boundary j is the number
+of bytes the segments before j keep (``K``); everything that happens from j on depends on the
+past only through ``K`` (see :mod:`.model`), and a smaller ``K`` is never worse. So keeping, at
+each boundary, the states that no other state beats on both ``K`` and time (a Pareto front)
+loses no plan: the result is the exact optimum of the model.
+
+To bound the front on real chains (byte counts in the billions), ``K`` is rounded *up* to a
+resolution (by default the greatest common divisor of the sizes, which loses nothing; on a
+chain too fine for that, 1/65536 of its total activation bytes):
+every plan is judged with at least its true memory, so a plan found always fits, and the DP is
+exact for the rounded model. Because the rounded model is the same for every budget, a plan
+feasible at a budget stays feasible at any larger one: a larger budget never gives a slower
+plan (the optimum over a larger set).
+"""
+from __future__ import annotations
+
+import itertools
+import math
+
+import numpy as np
+
+from .model import BudgetError, Chain, Plan, evaluate, fmt_bytes, parse_budget, segment_terms
+
+
+def _resolution(ch: Chain, resolution) -> int:
+    if resolution is not None:
+        r = int(resolution)
+        if r < 1:
+            raise ValueError(f"resolution must be at least 1 byte, not {resolution}")
+        return r
+    # Every K is a sum of act and inp values, so their greatest common divisor loses nothing
+    # (allocator sizes are multiples of 512 bytes); only a chain whose total is more than 2^18
+    # such units is rounded, to 1/65536 of its total.
+    total = sum(max(a, x) for a, x in zip(ch.act, ch.inp))
+    g = math.gcd(*ch.act, *ch.inp) or 1
+    if total // g <= 1 << 18:
+        return g
+    return max(g, -(-(total >> 16) // g) * g)
+
+
+def _terms(ch: Chain):
+    n = len(ch)
+    plain = [segment_terms(ch, l, l + 1, False) for l in range(n)]
+    ck = [[None] * (n + 1) for _ in range(n)]
+    for l in range(n):
+        for r in range(l + 1, n + 1):
+            ck[l][r] = segment_terms(ch, l, r, True)
+    return plain, ck
+
+
+def _transitions(ch, plain, ck, l, max_segment):
+    yield (l, l + 1, False), plain[l]
+    for r in range(l + 1, min(len(ch), l + max_segment) + 1):
+        yield (l, r, True), ck[l][r]
+
+
+# A front is a tuple of arrays, one entry per state, sorted by K: (K, value, previous boundary,
+# index of the previous state there, end of the segment that led here, checkpointed or not).
+
+def _pareto(parts):
+    """The states of ``parts`` that no state with a smaller or equal K beats in value."""
+    k, v, pl, pi, pe, pc = (np.concatenate(x) for x in zip(*parts))
+    order = np.lexsort((v, k))
+    k, v = k[order], v[order]
+    best_before = np.minimum.accumulate(np.concatenate(([np.inf], v[:-1])))
+    keep = v < best_before
+    order = order[keep]
+    return k[keep], v[keep], pl[order], pi[order], pe[order], pc[order]
+
+
+def _walk(fronts, i):
+    segs, j = [], len(fronts) - 1
+    while fronts[j][2][i] >= 0:
+        f = fronts[j]
+        segs.append((int(f[2][i]), int(f[4][i]), bool(f[5][i])))
+        j, i = int(f[2][i]), int(f[3][i])
+    return segs[::-1]
+
+
+def _run(ch: Chain, q: int, budget: int | None, max_segment: int):
+    """The DP. With a budget: value = recompute time, transitions must fit. Without: value =
+    the running peak (the least-peak plan)."""
+    n = len(ch)
+    plain, ck = _terms(ch)
+    start = 0.0 if budget is not None else float(ch.fixed_peak)
+    cands = [[] for _ in range(n + 1)]
+    cands[0] = [(np.zeros(1, np.int64), np.array([start]), np.array([-1]), np.array([-1]), np.zeros(1, np.int64),
+                 np.zeros(1, bool))]
+    fronts = [None] * (n + 1)
+    for l in range(n):
+        if not cands[l]:                            # nothing fits up to this boundary
+            continue
+        fronts[l] = _pareto(cands[l])
+        cands[l] = None
+        k, v = fronts[l][0], fronts[l][1]
+        idx = np.arange(len(k))
+        for (s, e, c), (kept, local, t) in _transitions(ch, plain, ck, l, max_segment):
+            if budget is not None:
+                lim = min(budget - ch.base - local, 1 << 62)
+                m = int(np.searchsorted(k, lim, side="right"))      # k is sorted: a prefix fits
+                if m == 0:
+                    continue
+                nk, nv, src = k[:m] + kept, v[:m] + t, idx[:m]
+            else:
+                nk, nv, src = k + kept, np.maximum(v, ch.base + k + local), idx
+            nk = -(-nk // q) * q                    # rounded up: never less than the true bytes
+            cands[e].append((nk, nv, np.full(len(nk), l), src, np.full(len(nk), e), np.full(len(nk), c)))
+    if not cands[n]:
+        return None
+    fronts[n] = _pareto(cands[n])
+    return fronts
+
+
+def _finish(ch, fronts, budget, q, name):
+    if fronts is None:
+        return None
+    k, v = fronts[-1][0], fronts[-1][1]
+    end = ch.base + k + ch.head
+    if budget is not None:
+        ok = np.flatnonzero((end <= budget) & (ch.fixed_peak <= budget))
+        if len(ok) == 0:
+            return None
+        key = v[ok]
+    else:
+        ok = np.arange(len(k))
+        key = np.maximum(v, end)
+    best = ok[np.lexsort((k[ok], key))[0]]
+    segs = _walk(fronts, best)
+    peak, extra, where = evaluate(ch, segs, detail=True)
+    value = float(v[best]) if budget is not None else float(max(v[best], end[best]))
+    return Plan(segments=segs, peak=peak, extra_time=extra, budget=budget, name=name, names=ch.names,
+                where=where), value
+
+
+def _max_segment(ch, max_segment):
+    if max_segment is None:
+        return len(ch)
+    if isinstance(max_segment, bool) or not isinstance(max_segment, int) or max_segment < 1:
+        raise ValueError(f"max_segment must be a positive integer, not {max_segment!r}")
+    return max_segment
+
+
+def minimum_budget(ch: Chain, *, resolution=None, max_segment=None) -> int:
+    """The smallest budget any plan fits (in the planner's rounded model)."""
+    q = _resolution(ch, resolution)
+    _, least = _finish(ch, _run(ch, q, None, _max_segment(ch, max_segment)), None, q, "least-memory")
+    return int(least)
+
+
+def plan(ch: Chain, budget, *, resolution=None, max_segment=None, name: str = "optimal") -> Plan:
+    """The plan with the least recomputation time whose predicted peak is at most ``budget``.
+
+    ``budget``: bytes (int) or a size string (``"12GiB"``, ``"1.5 GB"``). Raises
+    :class:`BudgetError` for a bad budget or one no plan fits (the message gives the least).
+    ``max_segment``: the most blocks one checkpoint call may span (default: any)."""
+    b = parse_budget(budget)
+    q = _resolution(ch, resolution)
+    got = _finish(ch, _run(ch, q, b, _max_segment(ch, max_segment)), b, q, name)
+    if got is None:
+        least = minimum_budget(ch, resolution=resolution, max_segment=max_segment)
+        raise BudgetError(f"no plan fits a budget of {fmt_bytes(b)} ({b} bytes): the least peak any plan "
+                          f"reaches is {fmt_bytes(least)} ({least} bytes)")
+    return got[0]
+
+
+def sweep(ch: Chain, budgets, *, resolution=None, max_segment=None) -> list:
+    """[(budget bytes, Plan or None when nothing fits)] for each budget."""
+    out = []
+    for b in [parse_budget(b) for b in budgets]:
+        try:
+            out.append((b, plan(ch, b, resolution=resolution, max_segment=max_segment)))
+        except BudgetError:
+            out.append((b, None))
+    return out
+
+
+def _named(ch, segs, name):
+    peak, extra, where = evaluate(ch, segs, detail=True)
+    return Plan(segments=segs, peak=peak, extra_time=extra, name=name, names=ch.names, where=where)
+
+
+def no_checkpoint(ch: Chain) -> Plan:
+    return _named(ch, [(i, i + 1, False) for i in range(len(ch))], "none")
+
+
+def checkpoint_all(ch: Chain) -> Plan:
+    """Every block checkpointed on its own (what per-layer gradient checkpointing flags do)."""
+    return _named(ch, [(i, i + 1, True) for i in range(len(ch))], "all")
+
+
+def chen_sqrt(ch: Chain) -> Plan:
+    """Chen et al.'s sqrt(n) rule, laid out as ``torch.utils.checkpoint.checkpoint_sequential``
+    with round(sqrt(n)) segments: the first segments of n // k blocks are checkpointed, the rest
+    (the last segment and leftovers) runs plainly since its backward comes first."""
+    n = len(ch)
+    k = max(1, round(math.sqrt(n)))
+    size = n // k
+    segs = [(i * size, (i + 1) * size, True) for i in range(k - 1)]
+    segs += [(i, i + 1, False) for i in range((k - 1) * size, n)]
+    return _named(ch, segs, "sqrt(n)")
+
+
+def baselines(ch: Chain) -> list:
+    return [no_checkpoint(ch), chen_sqrt(ch), checkpoint_all(ch)]
+
+
+def all_plans(n: int):
+    """Every distinct plan of an n-block chain: plain blocks and checkpointed segments."""
+    if n == 0:
+        yield []
+        return
+    for first in itertools.chain([(0, 1, False)], ((0, r, True) for r in range(1, n + 1))):
+        for rest in all_plans(n - first[1]):
+            yield [first] + [(s + first[1], e + first[1], c) for s, e, c in rest]
+
+
+def brute_force(ch: Chain, budget) -> Plan | None:
+    """The optimum by trying every plan (for tests: 75,025 plans at n = 12)."""
+    b = parse_budget(budget)
+    best = None
+    for segs in all_plans(len(ch)):
+        peak, extra = evaluate(ch, segs)
+        if peak <= b and (best is None or extra < best.extra_time - 1e-12):
+            best = Plan(segments=segs, peak=peak, extra_time=extra, budget=b, name="brute force", names=ch.names)
+    return best
