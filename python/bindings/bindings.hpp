@@ -7,6 +7,8 @@
 
 namespace vramkit::py {
 namespace nb = nanobind;
+// A non-negative Python int (or __index__) as uint64; ValueError naming `what` otherwise.
+std::uint64_t to_u64(nb::handle h, const char* what);
 stream_t to_stream(nb::handle h);
 int to_device(nb::handle h);
 nb::dict state_dict(const memory_state& s);

@@ -20,28 +20,52 @@ using namespace vramkit;
 
 namespace vramkit::py {
 
+std::uint64_t to_u64(nb::handle h, const char* what) {
+  // Checked here rather than by a std::size_t argument: nanobind answers a negative
+  // or too large int with its whole signature list, and a failed cast with bad_cast.
+  if (PyBool_Check(h.ptr())) throw invalid_argument(std::string(what) + " must be an integer, not bool");
+  PyObject* i = PyNumber_Index(h.ptr());
+  if (!i) {
+    PyErr_Clear();
+    throw invalid_argument(std::string(what) + " must be an integer, not " +
+                           nb::cast<std::string>(nb::type_name(h.type())));
+  }
+  nb::object owned = nb::steal(i);
+  int overflow = 0;
+  long long v = PyLong_AsLongLongAndOverflow(i, &overflow);
+  if (overflow < 0 || (!overflow && v < 0))
+    throw invalid_argument(std::string(what) + " must not be negative (got " + nb::cast<std::string>(nb::str(owned)) + ")");
+  if (!overflow) return static_cast<std::uint64_t>(v);
+  unsigned long long u = PyLong_AsUnsignedLongLong(i);
+  if (PyErr_Occurred()) {
+    PyErr_Clear();
+    throw invalid_argument(std::string(what) + " " + nb::cast<std::string>(nb::str(owned)) + " is over 2**64-1");
+  }
+  return u;
+}
+
 stream_t to_stream(nb::handle h) {
   if (h.is_none()) return 0;
-  if (nb::isinstance<nb::int_>(h)) return nb::cast<stream_t>(h);
-  if (nb::hasattr(h, "cuda_stream")) return nb::cast<stream_t>(h.attr("cuda_stream"));  // torch
-  if (nb::hasattr(h, "ptr")) return nb::cast<stream_t>(h.attr("ptr"));                  // cupy
-  if (nb::hasattr(h, "handle")) return to_stream(h.attr("handle"));                     // numba
+  if (PyIndex_Check(h.ptr())) return static_cast<stream_t>(to_u64(h, "stream"));
+  if (nb::hasattr(h, "cuda_stream")) return static_cast<stream_t>(to_u64(h.attr("cuda_stream"), "stream"));  // torch
+  if (nb::hasattr(h, "ptr")) return static_cast<stream_t>(to_u64(h.attr("ptr"), "stream"));                  // cupy
+  if (nb::hasattr(h, "handle")) return to_stream(h.attr("handle"));                                          // numba
   throw invalid_argument("stream must be an int (cudaStream_t), a torch/cupy/numba stream, or None");
 }
 
 int to_device(nb::handle h) {
   if (h.is_none()) return current_backend() == backend::cuda ? cuda::current_device() : 0;
-  if (nb::isinstance<nb::int_>(h)) {
-    long d = nb::cast<long>(h);
-    if (d < 0 || d > 1 << 20) throw invalid_argument("unknown device " + std::to_string(d));
+  if (PyIndex_Check(h.ptr())) {
+    std::uint64_t d = to_u64(h, "device");
+    if (d > 1 << 20) throw invalid_argument("unknown device " + std::to_string(d));
     return static_cast<int>(d);
   }
   if (nb::hasattr(h, "index")) {  // torch.device
     nb::object i = h.attr("index");
     if (i.is_none()) return to_device(nb::none());
-    return nb::cast<int>(i);
+    return to_device(i);
   }
-  if (nb::hasattr(h, "id")) return nb::cast<int>(h.attr("id"));  // cupy Device
+  if (nb::hasattr(h, "id")) return to_device(h.attr("id"));  // cupy Device
   throw invalid_argument("device must be an int, a torch.device, a cupy Device, or None");
 }
 

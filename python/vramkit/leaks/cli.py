@@ -5,6 +5,7 @@ import json
 
 import numpy as np
 
+from .._cli_common import _load, add_import_limit_args
 from .growth import is_growing
 
 
@@ -79,7 +80,6 @@ def _text(r: dict, top: int) -> str:
 
 
 def cmd_leaks(args) -> int:
-    from ..cli import _load
     trace = _load(args.trace)
     r = analyze(trace, windows=args.windows, top=0)
     if args.json:
@@ -96,4 +96,5 @@ def add_leak_commands(sub) -> None:
     s.add_argument("--windows", type=int, default=8,
                    help="parts the trace is cut into to judge growth (default 8)")
     s.add_argument("--json", action="store_true", help="print JSON instead of text")
+    add_import_limit_args(s)
     s.set_defaults(func=cmd_leaks)

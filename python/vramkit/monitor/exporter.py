@@ -14,6 +14,7 @@ NVML is sampled at most once per ``interval`` however often it is scraped.
 from __future__ import annotations
 
 import argparse
+import operator
 import os
 import signal
 import sys
@@ -207,10 +208,28 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - silence per-request logging
         pass
 
+    def handle(self) -> None:
+        # A scraper that hangs up early is normal (a timeout, a killed curl): not worth a traceback
+        # on the user's stderr, and nothing is left to answer.
+        try:
+            super().handle()
+        except (ConnectionError, TimeoutError):
+            self.close_connection = True
+
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # socketserver's default listen backlog is 5: a burst of scrapes (many Prometheus servers, or
+    # a dashboard fanning out) then waits for SYN retransmits, which take a second or more.
+    request_queue_size = 1024
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # Disconnects are answered in _Handler.handle; anything else is one line, not a traceback.
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            return
+        print(f"{PROG}: request from {client_address[0]} failed: {exc!r}", file=sys.stderr)
 
     def __init__(self, address: tuple[str, int], collector: Collector):
         self.collector = collector
@@ -253,9 +272,18 @@ class Exporter:
 
 
 def _serve(collector: Collector, port: int, address: str) -> Exporter:
-    if not (0 <= int(port) <= 65535):
-        raise ValueError(f"port must be 0..65535, not {port}")
-    server = _Server((address, int(port)), collector)
+    try:  # 80.5 or "80" would otherwise be truncated or parsed; True is no port either
+        if isinstance(port, bool):
+            raise TypeError
+        port = operator.index(port)
+    except TypeError:
+        raise ValueError(f"port must be an integer in 0..65535, not {port!r}") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port must be an integer in 0..65535, not {port!r}")
+    if address in ("0.0.0.0", "::", ""):
+        print(f"{PROG}: warning: listening on every interface ({address or '0.0.0.0'}:{port}): any machine "
+              "that reaches this one can read the metrics (there is no authentication)", file=sys.stderr)
+    server = _Server((address, port), collector)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.25},
                               name="vramkit-exporter", daemon=True)
     thread.start()
