@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import operator
 import os
+import queue
 import signal
 import sys
 import threading
@@ -231,12 +232,46 @@ class _Server(ThreadingHTTPServer):
             return
         print(f"{PROG}: request from {client_address[0]} failed: {exc!r}", file=sys.stderr)
 
+    # Connections go to a few kept threads while one of them is idle: starting a thread per
+    # connection was most of the cost of a burst of scrapes. Beyond them each connection still gets
+    # a new thread, since a kept-alive scraper holds its thread until the idle timeout.
+    pooled_threads = 8
+
     def __init__(self, address: tuple[str, int], collector: Collector):
         self.collector = collector
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._pool_lock = threading.Lock()
+        self._idle = self._pooled = 0
         if ":" in address[0]:
             import socket
             self.address_family = socket.AF_INET6
         super().__init__(address, _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._pool_lock:
+            pooled = self._idle > 0 or self._pooled < self.pooled_threads
+            if self._idle > 0:
+                self._idle -= 1
+            elif pooled:
+                self._pooled += 1
+                threading.Thread(target=self._pool_worker, name="vramkit-exporter-worker", daemon=True).start()
+        if pooled:
+            self._jobs.put((request, client_address))
+        else:
+            super().process_request(request, client_address)
+
+    def _pool_worker(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            self.process_request_thread(*job)  # ThreadingMixIn's: handle, report errors, close
+            with self._pool_lock:
+                self._idle += 1
+
+    def server_close(self) -> None:
+        super().server_close()
+        with self._pool_lock:
+            for _ in range(self._pooled):
+                self._jobs.put(None)
+            self._pooled = self._idle = 0
 
 
 class Exporter:
