@@ -1,4 +1,6 @@
 // The Python module vramkit._vramkit: a thin layer over the C++ core.
+#include <memory>
+
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/pair.h>
@@ -320,10 +322,21 @@ NB_MODULE(_vramkit, m) {
         progress(done, total);
       };
     }
+    // Ctrl-C: the signal handler only runs when Python code does, so the replay asks for it.
+    std::unique_ptr<nb::python_error> pending;
+    o.interrupted = [&] {
+      nb::gil_scoped_acquire g;
+      if (PyErr_CheckSignals() == 0) return false;
+      pending = std::make_unique<nb::python_error>();  // KeyboardInterrupt, or what the handler raised
+      return true;
+    };
     replay_result res;
-    {
+    try {
       nb::gil_scoped_release rel;
       res = replay(ops, *r, o);
+    } catch (const replay_interrupted&) {
+      if (pending) throw nb::python_error(*pending);
+      throw;
     }
     nb::dict d;
     d["ops"] = res.ops;
