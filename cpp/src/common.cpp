@@ -34,7 +34,6 @@ const char* to_string(free_status s) noexcept {
     case free_status::ok: return "ok";
     case free_status::not_owned: return "pointer is not a live allocation of this resource (double free or foreign pointer)";
     case free_status::wrong_size: return "size does not match the allocation";
-    case free_status::wrong_stream: return "stream does not match the allocation";
   }
   return "unknown";
 }

@@ -16,9 +16,9 @@ from __future__ import annotations
 import atexit
 
 from . import _vramkit
-from ._vramkit import DeviceBuffer, Resource, OutOfMemoryError, format_bytes, parse_size
-
-__version__ = "0.1.0"
+from ._units import format_bytes
+from ._vramkit import DeviceBuffer, Resource, OutOfMemoryError, parse_size
+from ._version import __version__
 
 # The per-device current resources live in C++ globals and may hold Python-made
 # resources; drop them before the interpreter tears the module down.

@@ -182,7 +182,8 @@ def cmd_report(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vramkit", description="GPU memory (VRAM) management: replay traces through "
                                 "allocators, report where memory went, watch and debug GPU memory.")
-    p.add_argument("--version", action="version", version="vramkit 0.1.0")
+    from ._version import __version__
+    p.add_argument("--version", action="version", version=f"vramkit {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     s = sub.add_parser("info", help="backend, devices and their memory hierarchy")
     s.set_defaults(func=cmd_info)
