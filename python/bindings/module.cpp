@@ -36,7 +36,8 @@ std::uint64_t to_u64(nb::handle h, const char* what) {
   int overflow = 0;
   long long v = PyLong_AsLongLongAndOverflow(i, &overflow);
   if (overflow < 0 || (!overflow && v < 0))
-    throw invalid_argument(std::string(what) + " must not be negative (got " + nb::cast<std::string>(nb::str(owned)) + ")");
+    throw invalid_argument(std::string(what) + " must not be negative (got " +
+                           nb::cast<std::string>(nb::str(owned)) + ")");
   if (!overflow) return static_cast<std::uint64_t>(v);
   unsigned long long u = PyLong_AsUnsignedLongLong(i);
   if (PyErr_Occurred()) {
