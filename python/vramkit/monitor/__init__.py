@@ -58,11 +58,16 @@ def open_monitor(fake_json: str | None = None):
     ValueError
         The fake JSON file cannot be read or is malformed.
     """
+    if fake_json is None and os.environ.get("VRAMKIT_FAKE_NVML"):
+        fake_json = os.environ["VRAMKIT_FAKE_NVML"]
+    if fake_json is not None:
+        from .fake import FakeMonitor
+        return FakeMonitor(fake_json)
     try:
         native = _native()
     except ImportError as e:
         raise NvmlUnavailableError(str(e)) from None
-    return native.open(None if fake_json is None else os.fspath(fake_json))
+    return native.open()
 
 
 def unavailable_message(exc: BaseException) -> str:
