@@ -45,7 +45,26 @@ def resolve_destination(path: str | os.PathLike[str]) -> tuple[str, int]:
     return real, stat.S_IMODE(st.st_mode)
 
 
-class AtomicFile:
+class PublishOnExit:
+    """A writer used with ``with``: :meth:`close` (publish) on success, :meth:`abort` on an error."""
+
+    def close(self) -> None:
+        raise NotImplementedError
+
+    def abort(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
+        if exc_type is None:
+            self.close()
+        else:
+            self.abort()
+
+
+class AtomicFile(PublishOnExit):
     """A binary file that appears at ``path`` only on :meth:`commit` (see the module doc).
 
     ``with AtomicFile(p) as f: f.write(...)`` commits on success and discards on an exception.
@@ -98,14 +117,7 @@ class AtomicFile:
         except OSError:
             pass
 
-    def __enter__(self) -> "AtomicFile":
-        return self
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if exc_type is None:
-            self.commit()
-        else:
-            self.abort()
+    close = commit
 
 
 def _fsync_dir(folder: str) -> None:

@@ -28,7 +28,7 @@ from typing import Any, BinaryIO, Iterator, NamedTuple
 
 import numpy as np
 
-from .._atomic import AtomicFile
+from .._atomic import AtomicFile, PublishOnExit
 from . import limits
 from .model import ALLOC, FREE, Trace, trace_name_from_path
 
@@ -312,7 +312,7 @@ def read_v1(path: str | os.PathLike[str], *, name: str | None = None) -> Trace:
 
 
 # -- writing ---------------------------------------------------------------------------------------
-class TraceWriter:
+class TraceWriter(PublishOnExit):
     """Stream records into a v1 file; the file appears (atomically) only on :meth:`close`.
 
     Records are buffered and compressed ``chunk_records`` at a time, so memory stays bounded
@@ -371,16 +371,6 @@ class TraceWriter:
         except BaseException:
             self.abort()
             raise
-
-    # context manager: publish on success, discard on error
-    def __enter__(self) -> "TraceWriter":
-        return self
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
 
     def __del__(self) -> None:
         if getattr(self, "_f", None) is not None:
