@@ -43,6 +43,7 @@ def test_bad_documents_are_value_errors(doc):
 def test_decimal_points_whatever_the_locale(tmp_path, monkeypatch):
     # The C++ fake read numbers with strtod, which follows LC_NUMERIC; json does not.
     import locale
+    before = locale.setlocale(locale.LC_ALL)  # restored after: text I/O of later tests decodes by it
     try:
         locale.setlocale(locale.LC_ALL, "de_DE.UTF-8")
     except locale.Error:
@@ -52,7 +53,7 @@ def test_decimal_points_whatever_the_locale(tmp_path, monkeypatch):
         p.write_text('{"devices": [{"total_bytes": 10, "power_w": 120.5}]}')
         assert open_monitor(p).device(0)["power_w"] == 120.5
     finally:
-        locale.setlocale(locale.LC_ALL, "C")
+        locale.setlocale(locale.LC_ALL, before)
 
 
 def test_environment_and_reload(tmp_path, monkeypatch):

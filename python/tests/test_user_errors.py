@@ -157,3 +157,18 @@ def test_stdin_pipe_is_refused_clearly(tmp_path):
     finally:
         os.close(r)
     _one_line_error(out, "/dev/stdin", "FIFO")
+
+
+# -- item 2: numbers after setlocale(LC_ALL, "") under a decimal-comma locale (as `vramkit top` does) --
+def test_sizes_and_options_under_a_german_locale():
+    code = ("import locale; locale.setlocale(locale.LC_ALL, ''); from vramkit import _vramkit; "
+            "print(_vramkit.parse_size('1.5GiB'), _vramkit.parse_size('0.5MiB')); "
+            "print(_vramkit.parse_options('growth_slack:0.05'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=dict(os.environ, LC_ALL="de_DE.UTF-8"))
+    if "unsupported locale setting" in out.stderr:
+        pytest.skip("locale de_DE.UTF-8 is not installed (scripts/setup.sh generates it)")
+    assert out.returncode == 0, out.stderr
+    sizes, options = out.stdout.splitlines()
+    assert sizes == f"{3 << 29} {1 << 19}"
+    assert "growth_slack:0.0500," in options
