@@ -73,6 +73,10 @@ def test_one_byte_formatter():
 
 def test_typing_files_are_shipped():
     assert (PKG / "py.typed").is_file()
-    stub = (PKG / "_vramkit.pyi").read_text(encoding="utf-8")
+    package = PKG / "_vramkit" / "__init__.pyi"  # nanobind >= 2.9 writes the submodule's stub too
+    stub = (package if package.exists() else PKG / "_vramkit.pyi").read_text(encoding="utf-8")
     for name in ("class Resource", "def replay(", "def alloc(", "def parse_size("):
         assert name in stub
+    assert "from vramkit._vramkit import monitor" in stub
+    if package.exists():
+        assert "class Monitor" in (PKG / "_vramkit" / "monitor.pyi").read_text(encoding="utf-8")
