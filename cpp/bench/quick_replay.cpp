@@ -18,7 +18,6 @@ struct lag_streams : vramkit::stream_ops {
   bool done(vramkit::event_id e) override { return at[e] + lag <= now || at[e] <= caught_up; }
   void wait(vramkit::event_id e) override { if (!done(e)) { ++waits; caught_up = now; } }
   void release(vramkit::event_id) noexcept override {}
-  void synchronize_device() override { caught_up = now; }
 };
 
 int main(int argc, char** argv) {

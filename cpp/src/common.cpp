@@ -1,4 +1,5 @@
 #include <atomic>
+#include <charconv>
 #include <cstdio>
 #include <string>
 
@@ -20,9 +21,12 @@ std::string format_bytes(std::size_t bytes) {
 }
 
 std::string format_fixed(double v, int precision) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", precision, v);
-  return buf;
+  // std::to_chars ignores the C locale: "%f" would print 0,0500 under de_DE and
+  // break the comma-separated option strings that are parsed back.
+  char buf[400];
+  auto r = std::to_chars(buf, buf + sizeof buf, v, std::chars_format::fixed, precision);
+  if (r.ec != std::errc()) return std::to_string(v);
+  return std::string(buf, r.ptr);
 }
 
 const char* to_string(free_status s) noexcept {
@@ -30,7 +34,6 @@ const char* to_string(free_status s) noexcept {
     case free_status::ok: return "ok";
     case free_status::not_owned: return "pointer is not a live allocation of this resource (double free or foreign pointer)";
     case free_status::wrong_size: return "size does not match the allocation";
-    case free_status::wrong_stream: return "stream does not match the allocation";
   }
   return "unknown";
 }

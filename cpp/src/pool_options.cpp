@@ -1,13 +1,27 @@
 #include "vramkit/pool_options.hpp"
 
 #include <cctype>
+#include <charconv>
 #include <cmath>
 #include <cstdlib>
+#include <system_error>
 #include <vector>
 
 #include "vramkit/error.hpp"
 
 namespace vramkit {
+
+namespace {
+// A whole decimal number ("1", "1.5", ".5"; no sign, exponent, or second dot), read
+// with std::from_chars, which ignores the C locale (std::stod would stop at the '.'
+// under de_DE.UTF-8 and read "1.5" as 1). Returns false on anything else.
+bool parse_decimal(const std::string& t, double& out) {
+  if (t.empty() || t.find_first_not_of("0123456789.") != std::string::npos) return false;
+  if (t.find('.') != t.rfind('.') || t == ".") return false;
+  auto r = std::from_chars(t.data(), t.data() + t.size(), out, std::chars_format::fixed);
+  return r.ec == std::errc() && r.ptr == t.data() + t.size();
+}
+}  // namespace
 
 std::size_t parse_size(const std::string& text) {
   std::string t;
@@ -18,11 +32,7 @@ std::size_t parse_size(const std::string& text) {
   while (i < t.size() && (std::isdigit(static_cast<unsigned char>(t[i])) || t[i] == '.')) ++i;
   if (i == 0) throw invalid_argument("size '" + text + "' does not start with a number");
   double v;
-  try {
-    v = std::stod(t.substr(0, i));
-  } catch (...) {
-    throw invalid_argument("size '" + text + "' is not a number");
-  }
+  if (!parse_decimal(t.substr(0, i), v)) throw invalid_argument("size '" + text + "' is not a number");
   std::string u = t.substr(i);
   for (auto& c : u) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
   double mult = 1;
@@ -44,6 +54,12 @@ std::size_t parse_size(const std::string& text) {
 
 namespace {
 bool pow2(std::size_t v) { return v && !(v & (v - 1)); }
+double parse_real(const std::string& key, const std::string& v) {
+  double d;
+  if (!parse_decimal(v, d))
+    throw invalid_argument("VRAMKIT_ALLOC_CONF: " + key + " takes a plain decimal number (e.g. 0.05), not '" + v + "'");
+  return d;
+}
 bool parse_bool(const std::string& key, const std::string& v) {
   if (v == "1" || v == "true" || v == "True" || v == "on") return true;
   if (v == "0" || v == "false" || v == "False" || v == "off") return false;
@@ -59,9 +75,9 @@ void pool_options::validate() const {
   if (small_segment < alignment || large_rounding < alignment)
     throw invalid_argument("small_segment and large_rounding must be at least the alignment");
   if (!(growth_slack >= 0 && growth_slack <= 100))
-    throw invalid_argument("growth_slack " + std::to_string(growth_slack) + " must be between 0 and 100");
+    throw invalid_argument("growth_slack " + format_fixed(growth_slack, 4) + " must be between 0 and 100");
   if (!(va_factor >= 1 && va_factor <= 64))
-    throw invalid_argument("va_factor " + std::to_string(va_factor) + " must be between 1 and 64");
+    throw invalid_argument("va_factor " + format_fixed(va_factor, 2) + " must be between 1 and 64");
 }
 
 void pool_options::parse(const std::string& conf) {
@@ -94,8 +110,8 @@ void pool_options::parse(const std::string& conf) {
       else if (k == "large_rounding") o.large_rounding = parse_size(v);
       else if (k == "reserve_limit") o.reserve_limit = parse_size(v);
       else if (k == "release_threshold") o.release_threshold = v == "max" ? static_cast<std::size_t>(-1) : parse_size(v);
-      else if (k == "growth_slack") o.growth_slack = std::stod(v);
-      else if (k == "va_factor") o.va_factor = std::stod(v);
+      else if (k == "growth_slack") o.growth_slack = parse_real(k, v);
+      else if (k == "va_factor") o.va_factor = parse_real(k, v);
       else if (k == "remap") o.remap = parse_bool(k, v);
       else if (k == "wait_to_remap") o.wait_to_remap = parse_bool(k, v);
       else if (k == "defer_unmap") o.defer_unmap = parse_bool(k, v);

@@ -19,7 +19,13 @@ std::map<int, std::shared_ptr<page_device>> g_pages;
 std::map<int, std::shared_ptr<stream_ops>> g_streams;
 
 std::size_t host_capacity() {
-  if (const char* c = std::getenv("VRAMKIT_HOST_CAPACITY")) return parse_size(c);
+  if (const char* c = std::getenv("VRAMKIT_HOST_CAPACITY")) {
+    try {
+      return parse_size(c);
+    } catch (const invalid_argument& e) {
+      throw invalid_argument(std::string("VRAMKIT_HOST_CAPACITY: ") + e.what());
+    }
+  }
   return host_page_device::default_capacity;
 }
 }  // namespace

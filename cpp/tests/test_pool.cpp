@@ -190,7 +190,6 @@ TEST(pool_faults, every_kth_upstream_call_fails_without_leak_or_corruption) {
       bool done(event_id) override { return ++queries % 3 == 0; }
       void wait(event_id) override {}
       void release(event_id) noexcept override {}
-      void synchronize_device() override {}
     };
     pool_resource pool(dev, std::make_shared<sometimes_done>());
     std::mt19937_64 rng(every);
@@ -348,7 +347,6 @@ TEST(pool, streams_do_not_share_blocks_until_their_work_is_done) {
     bool done(event_id) override { return complete; }
     void wait(event_id) override { complete = true; }
     void release(event_id) noexcept override {}
-    void synchronize_device() override { complete = true; }
   };
   auto ev = std::make_shared<manual_events>();
   auto dev = std::make_shared<host_page_device>(GiB);
@@ -391,7 +389,6 @@ TEST(pool, wait_to_remap_waits_for_the_stream_instead_of_growing) {
     bool done(event_id) override { return complete; }
     void wait(event_id) override { complete = true; ++waits; }
     void release(event_id) noexcept override {}
-    void synchronize_device() override { complete = true; }
   };
   for (bool wait : {false, true}) {
     auto ev = std::make_shared<lagging_stream>();
@@ -434,7 +431,6 @@ TEST(pool, a_block_at_the_edge_of_mapped_memory_takes_the_free_pages_below_it) {
     bool done(event_id) override { return false; }
     void wait(event_id) override { ++waits; }
     void release(event_id) noexcept override {}
-    void synchronize_device() override {}
   };
   auto ev = std::make_shared<lagging_stream>();
   pool_resource pool(std::make_shared<host_page_device>(GiB), ev);
@@ -473,7 +469,6 @@ TEST(pool, deferred_pages_never_back_a_page_other_streams_share) {
     bool done(event_id) override { return false; }
     void wait(event_id) override {}
     void release(event_id) noexcept override {}
-    void synchronize_device() override {}
   };
   auto inner = std::make_shared<host_page_device>(GiB);
   auto rec = std::make_shared<mapping_recorder>(inner);
@@ -527,7 +522,6 @@ TEST(pool, deferred_old_addresses_never_make_another_stream_wait) {
       completed[e >> 40] = std::max(completed[e >> 40], pos(e));
     }
     void release(event_id) noexcept override {}
-    void synchronize_device() override {}
   };
   auto ev = std::make_shared<queues>();
   pool_options o;

@@ -150,7 +150,6 @@ class model_streams final : public stream_ops {
   }
   void wait(event_id e) override { w_.completed[e >> 40] = std::max(w_.completed[e >> 40], pos(e)); }
   void release(event_id) noexcept override { --w_.events_out; }
-  void synchronize_device() override { std::copy(w_.queued, w_.queued + 8, w_.completed); }
 
  private:
   world& w_;

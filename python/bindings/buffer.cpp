@@ -175,9 +175,10 @@ void bind_buffer(nb::module_& m) {
         root_of(b).views_.fetch_add(1);
         return nb::cast(v, nb::rv_policy::take_ownership);
       })
-      .def("copy_from_host", [](device_buffer& b, nb::bytes data, std::size_t offset) {
+      .def("copy_from_host", [](device_buffer& b, nb::bytes data, nb::handle offset_h) {
         b.check_alive();
-        if (offset + data.size() > b.nbytes_)
+        std::uint64_t offset = to_u64(offset_h, "copy_from_host: offset");
+        if (offset > b.nbytes_ || data.size() > b.nbytes_ - offset)
           throw invalid_argument("copy_from_host: " + std::to_string(data.size()) + " bytes at offset " +
                                  std::to_string(offset) + " do not fit in " + std::to_string(b.nbytes_));
         nb::module_::import_("vramkit._vramkit").attr("copy_to_device")(b.ptr_ + offset, data);
@@ -234,7 +235,8 @@ void bind_buffer(nb::module_& m) {
                " on device " + std::to_string(b.device_) + (b.freed_ ? " (freed)" : "") + (b.owner() ? "" : " (view)") + ">";
       });
 
-  m.def("alloc", [](std::size_t nbytes, nb::handle stream, nb::handle device) {
+  m.def("alloc", [](nb::handle nbytes_h, nb::handle stream, nb::handle device) {
+    std::size_t nbytes = to_u64(nbytes_h, "nbytes");
     int d = to_device(device);
     stream_t s = to_stream(stream);
     auto r = current_resource(d);
@@ -242,7 +244,8 @@ void bind_buffer(nb::module_& m) {
     return new device_buffer(std::move(r), reinterpret_cast<std::uintptr_t>(p), nbytes, d, s);
   }, "nbytes"_a, "stream"_a.none() = nb::none(), "device"_a.none() = nb::none(), nb::rv_policy::take_ownership,
         "Allocates nbytes on device (default: the current one) from its current resource.");
-  m.def("alloc_from", [](std::shared_ptr<device_resource> r, std::size_t nbytes, nb::handle stream) {
+  m.def("alloc_from", [](std::shared_ptr<device_resource> r, nb::handle nbytes_h, nb::handle stream) {
+    std::size_t nbytes = to_u64(nbytes_h, "nbytes");
     stream_t s = to_stream(stream);
     void* p = r->allocate(nbytes, s);
     int d = r->device();

@@ -1,4 +1,4 @@
-// vramkit._vramkit.monitor: the NVML monitor (or its fake) for the Python tools
+// vramkit._vramkit.monitor: the NVML monitor for the Python tools
 // (vramkit smi / top / exporter / Sampler). Driver calls run without the GIL so
 // a sampling thread never stalls the user's Python code.
 #include <nanobind/nanobind.h>
@@ -50,7 +50,7 @@ void bind_monitor(nb::module_& m) {
   nb::module_ mm = m.def_submodule("monitor", "GPU devices and processes as the driver (NVML) reports them.");
   nb::exception<nvml_unavailable>(mm, "NvmlUnavailableError", PyExc_RuntimeError);
 
-  nb::class_<gpu_monitor>(mm, "Monitor", "NVML, or the fake from a JSON file; safe to use from several threads.")
+  nb::class_<gpu_monitor>(mm, "Monitor", "NVML; safe to use from several threads.")
       .def("backend_name", &gpu_monitor::backend_name, "\"nvml\" or \"fake\".")
       .def("driver_version", &gpu_monitor::driver_version, nb::call_guard<nb::gil_scoped_release>())
       .def("device_count", &gpu_monitor::device_count, nb::call_guard<nb::gil_scoped_release>())
@@ -97,11 +97,10 @@ void bind_monitor(nb::module_& m) {
 
   mm.def(
       "open",
-      [](std::optional<std::string> fake_json) {
+      [] {
         nb::gil_scoped_release release;
-        return open_monitor(fake_json);
+        return open_monitor();
       },
-      "fake_json"_a = nb::none(),
-      "The fake from `fake_json` or $VRAMKIT_FAKE_NVML if either is set, else NVML.\n"
-      "Raises NvmlUnavailableError without a driver and ValueError for a bad fake file.");
+      "NVML (the fake driver of the tests is vramkit.monitor.fake, in Python).\n"
+      "Raises NvmlUnavailableError without a driver.");
 }

@@ -135,11 +135,11 @@ def test_smi_table(fake, capsys):
     assert smi_main([]) == 0
     out = capsys.readouterr().out
     assert "NVIDIA H200" in out and "Tesla T4" in out
-    assert "140.4 GiB" in out and "10.0 GiB" in out and "570 MiB" in out  # total, used, reserved
+    assert "140.40 GiB" in out and "10.00 GiB" in out and "570.00 MiB" in out  # total, used, reserved
     assert "35%" in out and "41C" in out and "120W" in out
     me = process_name(os.getpid())
     assert me
-    assert re.search(rf"^\s*0\s+{os.getpid()}\s+{re.escape(me)}\s+8\.0 GiB$", out, re.M), out
+    assert re.search(rf"^\s*0\s+{os.getpid()}\s+{re.escape(me)}\s+8\.00 GiB$", out, re.M), out
     assert "trainer" in out
 
 
@@ -478,7 +478,7 @@ def test_top_under_tmux(fake, tmp_path):
                 break
             time.sleep(0.2)
         assert "vramkit top" in screen and "NVIDIA H200" in screen and "Tesla T4" in screen, screen
-        assert re.search(rf"^\s*0\s+{os.getpid()}\s+8\.0 GiB\s+\S", screen, re.M), screen
+        assert re.search(rf"^\s*0\s+{os.getpid()}\s+8\.00 GiB\s+\S", screen, re.M), screen
         assert "hist" in screen
         subprocess.run(tmux + ["send-keys", "-t", "top", "q"], check=True, timeout=10)
         deadline = time.monotonic() + 15

@@ -16,9 +16,9 @@ from __future__ import annotations
 import atexit
 
 from . import _vramkit
-from ._vramkit import DeviceBuffer, Resource, OutOfMemoryError, format_bytes, parse_size
-
-__version__ = "0.1.0"
+from ._units import format_bytes
+from ._vramkit import DeviceBuffer, Resource, OutOfMemoryError, parse_size
+from ._version import __version__
 
 # The per-device current resources live in C++ globals and may hold Python-made
 # resources; drop them before the interpreter tears the module down.
@@ -157,15 +157,18 @@ def mem_get_info(device=None) -> tuple[int, int]:
 
 def set_per_process_memory_fraction(fraction: float, device=None) -> None:
     """Cap the memory this process's allocator may reserve at ``fraction`` of the device."""
-    try:
-        fraction = float(fraction)
-    except (TypeError, ValueError):
-        raise ValueError(f"fraction must be a number, not {fraction!r}") from None
+    import numbers
+    if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real):
+        raise ValueError(f"fraction must be a number, not {fraction!r}")
+    fraction = float(fraction)
     if not (0.0 < fraction <= 1.0):
         raise ValueError(f"fraction must be in (0, 1], not {fraction}")
     r = _vramkit.current_resource(device)
     total = _vramkit.mem_get_info(device)[1]
-    r.set_reserve_limit(int(total * fraction))
+    limit = int(total * fraction)
+    if limit < 1:  # a limit of 0 means "no limit" to the pool
+        raise ValueError(f"fraction {fraction} of {total} bytes is less than one byte")
+    r.set_reserve_limit(limit)
 
 
 def get_memory_info(device=None) -> dict:

@@ -2,15 +2,7 @@
 from __future__ import annotations
 
 from . import _vramkit
-
-
-def _fmt(n: int) -> str:
-    n = int(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(n) < 1024 or unit == "TiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1024
-    return str(n)
+from ._units import format_bytes
 
 
 def memory_summary(device=None, abbreviated: bool = False) -> str:
@@ -32,14 +24,14 @@ def memory_summary(device=None, abbreviated: bool = False) -> str:
            f"| {'Metric':<34}| {'Cur Usage':>12} | {'Peak Usage':>12} | {'Tot Alloc':>10} |", "-" * w]
     for title, key, is_bytes in rows:
         g = lambda k: s.get(f"{key}.all.{k}", 0)  # noqa: E731
-        f = _fmt if is_bytes else str
+        f = format_bytes if is_bytes else str
         tot = g("allocated")
         out.append(f"| {title:<34}| {f(g('current')):>12} | {f(g('peak')):>12} | {(f(tot) if is_bytes else str(tot)):>10} |")
     out.append("-" * w)
     frag = s.get("fragmentation", 0.0)
     extra = [
-        ("Largest free range", _fmt(st["largest_free_bytes"])),
-        ("Capacity / limit", _fmt(st["capacity_bytes"])),
+        ("Largest free range", format_bytes(st["largest_free_bytes"])),
+        ("Capacity / limit", format_bytes(st["capacity_bytes"])),
         ("Fragmentation (reserved / allocated)", f"{frag:.3f}" if frag else "-"),
         ("Device allocations / frees", f"{s.get('num_device_alloc', 0)} / {s.get('num_device_free', 0)}"),
         ("Out-of-memory errors", str(s.get("num_ooms", 0))),
@@ -69,17 +61,17 @@ def info_text() -> str:
         lines.append(f"device {d}: {p['name']}{' (simulated)' if p['simulated'] else ''}")
         cc = p["compute_capability"]
         items = [
-            ("global memory", _fmt(p["global_memory_bytes"])),
-            ("free / total", f"{_fmt(free)} / {_fmt(total)}"),
-            ("constant memory", _fmt(p["constant_memory_bytes"])),
-            ("shared memory per block", _fmt(p["shared_memory_per_block_bytes"])),
-            ("shared memory per SM", _fmt(p["shared_memory_per_sm_bytes"])),
-            ("L2 cache", _fmt(p["l2_cache_bytes"])),
+            ("global memory", format_bytes(p["global_memory_bytes"])),
+            ("free / total", f"{format_bytes(free)} / {format_bytes(total)}"),
+            ("constant memory", format_bytes(p["constant_memory_bytes"])),
+            ("shared memory per block", format_bytes(p["shared_memory_per_block_bytes"])),
+            ("shared memory per SM", format_bytes(p["shared_memory_per_sm_bytes"])),
+            ("L2 cache", format_bytes(p["l2_cache_bytes"])),
             ("SMs", str(p["sm_count"])),
             ("memory bus width", f"{p['memory_bus_width_bits']} bit"),
             ("memory clock", f"{p['memory_clock_khz'] / 1000:.0f} MHz"),
             ("theoretical bandwidth", f"{p['theoretical_bandwidth_bytes_per_s'] / 1e9:.0f} GB/s"),
-            ("allocation granularity", _fmt(p["allocation_granularity"])),
+            ("allocation granularity", format_bytes(p["allocation_granularity"])),
         ]
         if not p["simulated"]:
             items.insert(0, ("compute capability", f"{cc[0]}.{cc[1]}"))

@@ -7,9 +7,7 @@ import os
 import sys
 import time
 
-
-class CliError(Exception):
-    """A user-facing error: printed as one line, exit code 1."""
+from ._cli_common import CliError, _load, add_import_limit_args  # noqa: F401 (CliError, _load: API)
 
 
 def _default_allocators() -> list[str]:
@@ -32,22 +30,6 @@ def _parse_capacity(text: str | None) -> int | None:
     if cap > (1 << 47):
         raise CliError(f"--capacity {text} is impossible: more than 128 TiB cannot be simulated")
     return cap
-
-
-def _load(path: str | None):
-    from .trace import default_trace_path, load_trace
-    p = path or default_trace_path()
-    try:
-        trace = load_trace(p)
-    except FileNotFoundError:
-        raise CliError(f"no such trace file: {p}") from None
-    except IsADirectoryError:
-        raise CliError(f"{p} is a directory, not a trace file") from None
-    except ValueError as e:
-        raise CliError(str(e)) from None
-    if trace.n_allocs == 0:
-        raise CliError(f"{p}: the trace holds no allocation")
-    return trace
 
 
 def replay_ops(trace):
@@ -84,10 +66,10 @@ def run_replays(trace, specs, capacity, passes, sample_every=0, progress=False):
     for spec in specs:
         try:
             r = _make(spec, capacity)
-        except ValueError as e:
-            raise CliError(f"--allocator {spec}: {e}") from None
-        except RuntimeError as e:
-            raise CliError(f"--allocator {spec}: {e}") from None
+        except (ValueError, RuntimeError) as e:
+            # A bad environment variable is the variable's fault, not the allocator's.
+            msg = str(e)
+            raise CliError(msg if msg.startswith("VRAMKIT_") else f"--allocator {spec}: {msg}") from None
         cb = None
         if progress:
             def cb(done, total, _s=spec):
@@ -128,7 +110,11 @@ def _table(results) -> str:
 
 def cmd_info(args) -> int:
     from . import info
-    print(info())
+    try:
+        text = info()
+    except ValueError as e:  # e.g. VRAMKIT_HOST_CAPACITY=abc
+        raise CliError(str(e)) from None
+    print(text)
     return 0
 
 
@@ -203,7 +189,8 @@ def cmd_report(args) -> int:
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="vramkit", description="GPU memory (VRAM) management: replay traces through "
                                 "allocators, report where memory went, watch and debug GPU memory.")
-    p.add_argument("--version", action="version", version="vramkit 0.1.0")
+    from ._version import __version__
+    p.add_argument("--version", action="version", version=f"vramkit {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
     s = sub.add_parser("info", help="backend, devices and their memory hierarchy")
     s.set_defaults(func=cmd_info)
@@ -215,6 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
         s.add_argument("--capacity", metavar="SIZE", help="device capacity for the replay, e.g. 16GiB")
         s.add_argument("--passes", type=int, default=3, help="1 cold + N-1 warm passes (default 3)")
         s.add_argument("--no-progress", action="store_true", help="no progress bar")
+        add_import_limit_args(s)
 
     s = sub.add_parser("replay", help="replay traces through allocators and compare them")
     s.add_argument("trace", nargs="*", help="trace files (PyTorch snapshot or trace CSV, RMM log, vramkit v1); "
@@ -257,6 +245,12 @@ def main(argv=None) -> int:
         parser.print_help()
         return 2
     try:
+        if getattr(args, "max_import_bytes", None) or getattr(args, "max_import_events", None):
+            from .trace import limits
+            try:
+                limits.set_limits(args.max_import_bytes, args.max_import_events)
+            except ValueError as e:
+                raise CliError(str(e)) from None
         return args.func(args) or 0
     except CliError as e:
         print(f"vramkit {args.command}: error: {e}", file=sys.stderr)

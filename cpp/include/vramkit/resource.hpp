@@ -14,13 +14,13 @@ using stream_t = std::uintptr_t;
 
 // Why a deallocation was refused. Checked where cheap (a hash lookup the pool
 // does anyway); a resource that cannot check returns ok.
-enum class free_status { ok, not_owned, wrong_size, wrong_stream };
+enum class free_status { ok, not_owned, wrong_size };
 
 const char* to_string(free_status s) noexcept;
 
 // What a resource holds right now. Fields a resource does not track stay 0.
 struct memory_state {
-  std::size_t live_bytes = 0;          // bytes handed out (rounded as the resource rounds)
+  std::size_t live_bytes = 0;          // bytes handed out: the pool counts its rounded blocks, a page resource the requests
   std::size_t live_count = 0;          // number of live allocations
   std::size_t reserved_bytes = 0;      // bytes taken from the device
   std::size_t cached_bytes = 0;        // reserved but not live
@@ -68,7 +68,7 @@ class device_resource {
   virtual void reset_peaks() {}
   virtual int device() const noexcept = 0;
   virtual std::string name() const = 0;
-  // Size and stream the resource recorded for a live pointer (0 if unknown).
+  // The size the resource recorded for a live pointer (0 if unknown).
   virtual std::size_t allocation_size(const void* ptr) const noexcept {
     (void)ptr;
     return 0;

@@ -98,7 +98,7 @@ limiting_adaptor::limiting_adaptor(std::shared_ptr<device_resource> upstream, st
 std::shared_ptr<limiting_adaptor> limiting_adaptor::from_fraction(std::shared_ptr<device_resource> upstream,
                                                                   double fraction) {
   if (!(fraction > 0.0 && fraction <= 1.0))
-    throw invalid_argument("memory fraction " + std::to_string(fraction) + " must be in (0, 1]");
+    throw invalid_argument("memory fraction " + format_fixed(fraction, 6) + " must be in (0, 1]");
   if (!upstream) throw invalid_argument("limiting_adaptor: no upstream resource given");
   std::size_t cap = upstream->state().capacity_bytes;
   if (cap == 0) throw invalid_argument("limiting_adaptor: the upstream reports no capacity to take a fraction of");

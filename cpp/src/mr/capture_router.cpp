@@ -255,6 +255,4 @@ void capture_aware_events::release(event_id e) noexcept {
   if (!(e & marker_bit)) inner_->release(e);
 }
 
-void capture_aware_events::synchronize_device() { inner_->synchronize_device(); }
-
 }  // namespace vramkit

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <exception>
 
 namespace vramkit {
 
@@ -50,9 +51,37 @@ struct pass_result {
   std::size_t ooms;
 };
 
+// Counts ops down to the next interrupt poll: a decrement per op, not a division.
+struct interrupt_poll {
+  const replay_options& o;
+  std::size_t left = o.interrupt_every ? o.interrupt_every : 1;
+  void tick() {
+    if (--left) return;
+    left = o.interrupt_every ? o.interrupt_every : 1;
+    if (o.interrupted && o.interrupted()) throw replay_interrupted();
+  }
+};
+
+// Frees what a pass left allocated when it ends by an exception (an interrupt, stop_on_oom).
+struct free_on_throw {
+  device_resource& r;
+  std::vector<void*>& ptr;
+  int unwinding = std::uncaught_exceptions();
+  ~free_on_throw() {
+    if (std::uncaught_exceptions() <= unwinding) return;
+    for (auto& p : ptr)
+      if (p) {
+        r.deallocate(p, 0, 0);
+        p = nullptr;
+      }
+  }
+};
+
 pass_result run_pass(const std::vector<trace_op>& ops, device_resource& r, std::vector<void*>& ptr,
                      const std::vector<stream_t>& streams, const replay_options& o, bool cold) {
   std::size_t ooms = 0;
+  interrupt_poll poll{o};
+  free_on_throw cleanup{r, ptr};
   auto t0 = std::chrono::steady_clock::now();
   const std::size_t n = ops.size();
   for (std::size_t i = 0; i < n; ++i) {
@@ -71,6 +100,7 @@ pass_result run_pass(const std::vector<trace_op>& ops, device_resource& r, std::
       ptr[op.id] = nullptr;
     }
     if (cold && o.progress && (i + 1) % o.progress_every == 0) o.progress(i + 1, n);
+    poll.tick();
   }
   auto t1 = std::chrono::steady_clock::now();
   // Anything the trace left live is freed outside the timed region.
@@ -125,7 +155,10 @@ replay_result replay(const std::vector<trace_op>& ops, device_resource& r, const
     // A separate, untimed pass that starts from an empty cache, so the
     // timeline shows reserved memory growing as it did in the cold pass.
     r.release_cached();
+    interrupt_poll poll{o};
+    free_on_throw cleanup{r, ptr};
     for (std::size_t i = 0; i < ops.size(); ++i) {
+      poll.tick();
       const trace_op& op = ops[i];
       stream_t s = streams[op.stream];
       if (op.action == trace_op::alloc) {

@@ -23,6 +23,7 @@ import os
 import sys
 
 from .. import _vramkit
+from .._units import format_bytes
 from . import _tracking
 from .growth import GrowthDetector, GrowthVerdict, is_growing, watch
 from .snapshot import dump_snapshot, snapshot
@@ -104,7 +105,7 @@ class leak_check:
         if not self.leaks:
             return "vramkit leak check: no allocation made inside the block is still alive"
         head = (f"vramkit leak check: {self.leaked_count} allocation(s), "
-                f"{_tracking.short_bytes(self.leaked_bytes)}, made inside the block are still alive, by call site:")
+                f"{format_bytes(self.leaked_bytes)}, made inside the block are still alive, by call site:")
         return "\n".join([head] + _tracking.format_groups(self.leaks, top))
 
 
@@ -130,7 +131,7 @@ def _exit_report(dev: int, tracker) -> None:
         return
     n = sum(g["count"] for g in groups)
     b = sum(g["bytes"] for g in groups)
-    lines = [f"vramkit: {n} allocation(s), {_tracking.short_bytes(b)}, still alive at exit, by call site:"]
+    lines = [f"vramkit: {n} allocation(s), {format_bytes(b)}, still alive at exit, by call site:"]
     lines += _tracking.format_groups(groups, top=50)
     print("\n".join(lines), file=sys.stderr)
 

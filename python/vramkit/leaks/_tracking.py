@@ -6,6 +6,7 @@ import os
 import threading
 
 from .. import _vramkit
+from .._units import format_bytes
 
 _lock = threading.RLock()
 # device -> [tracker, resource it replaced (None if we did not install it), users]
@@ -124,13 +125,8 @@ def group_by_site(live: list[dict], names: SiteNames | None = None) -> list[dict
     return sorted(groups.values(), key=lambda g: (-g["bytes"], g["site"]))
 
 
-def short_bytes(n: int) -> str:
-    """``4.00 KiB``: format_bytes without the exact count."""
-    return _vramkit.format_bytes(int(n)).split(" (")[0]
-
-
 def format_groups(groups: list[dict], top: int = 20) -> list[str]:
-    fb = short_bytes
+    fb = format_bytes
     lines = []
     for g in groups[:top]:
         fn = f" ({g['function']})" if g.get("function") else ""

@@ -5,12 +5,9 @@ import json
 
 import numpy as np
 
+from .._units import format_bytes
+from .._cli_common import _load, add_import_limit_args
 from .growth import is_growing
-
-
-def _short(n: int) -> str:
-    from .._vramkit import format_bytes
-    return format_bytes(int(n)).split(" (")[0]
 
 
 def analyze(trace, windows: int = 8, top: int = 20) -> dict:
@@ -60,10 +57,10 @@ def analyze(trace, windows: int = 8, top: int = 20) -> dict:
 def _text(r: dict, top: int) -> str:
     lines = [f"{r['name']} ({r['source']}, {r['ops']} ops)"]
     if r["alive_count"]:
-        lines.append(f"alive at the end: {r['alive_count']} allocation(s), {_short(r['alive_bytes'])}, "
+        lines.append(f"alive at the end: {r['alive_count']} allocation(s), {format_bytes(r['alive_bytes'])}, "
                      f"at {r['alive_sites']} call site(s):")
         for g in r["alive_at_end"][:top]:
-            lines.append(f"  {g['count']:6d} x {_short(g['bytes']):>11s}  {g['site']}")
+            lines.append(f"  {g['count']:6d} x {format_bytes(g['bytes']):>11s}  {g['site']}")
         if r["alive_sites"] > top:
             lines.append(f"  ... {r['alive_sites'] - top} more sites")
     else:
@@ -71,7 +68,7 @@ def _text(r: dict, top: int) -> str:
     if r["grew"]:
         lines.append(f"grew in every part of the trace ({r['windows']} equal parts), by call site:")
         for g in r["grew"][:top]:
-            lines.append(f"  +{_short(g['bytes_per_window']):>11s}/part, {_short(g['live_bytes']):>11s} "
+            lines.append(f"  +{format_bytes(g['bytes_per_window']):>11s}/part, {format_bytes(g['live_bytes']):>11s} "
                          f"live at the end  {g['site']}")
     else:
         lines.append(f"grew steadily: nothing (trace cut into {r['windows']} parts)")
@@ -79,7 +76,6 @@ def _text(r: dict, top: int) -> str:
 
 
 def cmd_leaks(args) -> int:
-    from ..cli import _load
     trace = _load(args.trace)
     r = analyze(trace, windows=args.windows, top=0)
     if args.json:
@@ -96,4 +92,5 @@ def add_leak_commands(sub) -> None:
     s.add_argument("--windows", type=int, default=8,
                    help="parts the trace is cut into to judge growth (default 8)")
     s.add_argument("--json", action="store_true", help="print JSON instead of text")
+    add_import_limit_args(s)
     s.set_defaults(func=cmd_leaks)

@@ -6,6 +6,7 @@ import math
 from typing import Callable
 
 from .. import _vramkit
+from .._units import format_bytes
 from . import _tracking
 
 
@@ -61,7 +62,7 @@ class GrowthVerdict:
         return f"<GrowthVerdict {len(self.growing)} growing site(s) over {self.steps} steps>"
 
     def report(self) -> str:
-        fb = _tracking.short_bytes
+        fb = format_bytes
         if not self.growing:
             return (f"vramkit growth check: no call site grew over the last {self.window} of "
                     f"{self.steps} steps (live at the end: {fb(self.total[-1] if self.total else 0)})")
@@ -106,7 +107,7 @@ def _html_plot(report: str, series: dict[str, list[int]], total: list[int], grow
     for frac in (0, 0.5, 1):
         y = pad_t + (h - pad_t - pad_b) * (1 - frac)
         parts.append(f'<text x="{pad_l - 4}" y="{y + 4:.1f}" text-anchor="end">'
-                     f'{_html.escape(_tracking.short_bytes(int(ymax * frac)))}</text>')
+                     f'{_html.escape(format_bytes(int(ymax * frac)))}</text>')
     parts.append(f'<text x="{pad_l}" y="{h - 8}">step 0</text>')
     parts.append(f'<text x="{w - pad_r}" y="{h - 8}" text-anchor="end">step {n - 1}</text>')
     if total:

@@ -24,6 +24,8 @@ import socket
 import time
 from typing import Any
 
+from .._units import format_bytes
+
 __all__ = [
     "NvmlUnavailableError", "open_monitor", "snapshot", "Snapshotter", "process_name", "format_size",
     "unavailable_message", "smi_main", "top_main", "exporter_main", "start_exporter", "Exporter", "Sampler",
@@ -58,11 +60,16 @@ def open_monitor(fake_json: str | None = None):
     ValueError
         The fake JSON file cannot be read or is malformed.
     """
+    if fake_json is None and os.environ.get("VRAMKIT_FAKE_NVML"):
+        fake_json = os.environ["VRAMKIT_FAKE_NVML"]
+    if fake_json is not None:
+        from .fake import FakeMonitor
+        return FakeMonitor(fake_json)
     try:
         native = _native()
     except ImportError as e:
         raise NvmlUnavailableError(str(e)) from None
-    return native.open(None if fake_json is None else os.fspath(fake_json))
+    return native.open()
 
 
 def unavailable_message(exc: BaseException) -> str:
@@ -86,20 +93,8 @@ def process_name(pid: int) -> str:
         return ""
 
 
-def format_size(n: int | None) -> str:
-    """``"10.0 GiB"``, ``"570 MiB"``, ``"-"`` for unknown."""
-    if n is None:
-        return "-"
-    n = int(n)
-    if n >= 1 << 40:
-        return f"{n / (1 << 40):.2f} TiB"
-    if n >= 1 << 30:
-        return f"{n / (1 << 30):.1f} GiB"
-    if n >= 1 << 20:
-        return f"{n / (1 << 20):.0f} MiB"
-    if n >= 1 << 10:
-        return f"{n / (1 << 10):.0f} KiB"
-    return f"{n} B"
+# The tools' columns use vramkit's one byte formatter ("10.00 GiB"; a dash for unknown).
+format_size = format_bytes
 
 
 class Snapshotter:

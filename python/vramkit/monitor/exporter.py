@@ -14,7 +14,9 @@ NVML is sampled at most once per ``interval`` however often it is scraped.
 from __future__ import annotations
 
 import argparse
+import operator
 import os
+import queue
 import signal
 import sys
 import threading
@@ -207,17 +209,69 @@ class _Handler(BaseHTTPRequestHandler):
     def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - silence per-request logging
         pass
 
+    def handle(self) -> None:
+        # A scraper that hangs up early is normal (a timeout, a killed curl): not worth a traceback
+        # on the user's stderr, and nothing is left to answer.
+        try:
+            super().handle()
+        except (ConnectionError, TimeoutError):
+            self.close_connection = True
+
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    # socketserver's default listen backlog is 5: a burst of scrapes (many Prometheus servers, or
+    # a dashboard fanning out) then waits for SYN retransmits, which take a second or more.
+    request_queue_size = 1024
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # Disconnects are answered in _Handler.handle; anything else is one line, not a traceback.
+        exc = sys.exc_info()[1]
+        if isinstance(exc, (ConnectionError, TimeoutError)):
+            return
+        print(f"{PROG}: request from {client_address[0]} failed: {exc!r}", file=sys.stderr)
+
+    # Connections go to a few kept threads while one of them is idle: starting a thread per
+    # connection was most of the cost of a burst of scrapes. Beyond them each connection still gets
+    # a new thread, since a kept-alive scraper holds its thread until the idle timeout.
+    pooled_threads = 8
 
     def __init__(self, address: tuple[str, int], collector: Collector):
         self.collector = collector
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._pool_lock = threading.Lock()
+        self._idle = self._pooled = 0
         if ":" in address[0]:
             import socket
             self.address_family = socket.AF_INET6
         super().__init__(address, _Handler)
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        with self._pool_lock:
+            pooled = self._idle > 0 or self._pooled < self.pooled_threads
+            if self._idle > 0:
+                self._idle -= 1
+            elif pooled:
+                self._pooled += 1
+                threading.Thread(target=self._pool_worker, name="vramkit-exporter-worker", daemon=True).start()
+        if pooled:
+            self._jobs.put((request, client_address))
+        else:
+            super().process_request(request, client_address)
+
+    def _pool_worker(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            self.process_request_thread(*job)  # ThreadingMixIn's: handle, report errors, close
+            with self._pool_lock:
+                self._idle += 1
+
+    def server_close(self) -> None:
+        super().server_close()
+        with self._pool_lock:
+            for _ in range(self._pooled):
+                self._jobs.put(None)
+            self._pooled = self._idle = 0
 
 
 class Exporter:
@@ -253,9 +307,18 @@ class Exporter:
 
 
 def _serve(collector: Collector, port: int, address: str) -> Exporter:
-    if not (0 <= int(port) <= 65535):
-        raise ValueError(f"port must be 0..65535, not {port}")
-    server = _Server((address, int(port)), collector)
+    try:  # 80.5 or "80" would otherwise be truncated or parsed; True is no port either
+        if isinstance(port, bool):
+            raise TypeError
+        port = operator.index(port)
+    except TypeError:
+        raise ValueError(f"port must be an integer in 0..65535, not {port!r}") from None
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port must be an integer in 0..65535, not {port!r}")
+    if address in ("0.0.0.0", "::", ""):
+        print(f"{PROG}: warning: listening on every interface ({address or '0.0.0.0'}:{port}): any machine "
+              "that reaches this one can read the metrics (there is no authentication)", file=sys.stderr)
+    server = _Server((address, port), collector)
     thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.25},
                               name="vramkit-exporter", daemon=True)
     thread.start()

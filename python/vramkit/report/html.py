@@ -18,6 +18,7 @@ import numpy as np
 from ..trace.model import Trace
 from .assets import CSS, JS
 from .._axis import nice_step
+from .._units import format_bytes
 
 __all__ = ["render_report", "build_report_html", "analyze_peak_state", "format_bytes", "SECTION_TITLES"]
 
@@ -38,22 +39,6 @@ _TIMELINE_BUCKETS = 900
 
 
 # -- formatting ------------------------------------------------------------------------------------
-def format_bytes(n: Any) -> str:
-    """``755556864`` -> ``"720.6 MiB"`` (binary units, three significant digits)."""
-    if n is None or (isinstance(n, float) and math.isnan(n)):
-        return "\u2014"
-    v = abs(float(n))
-    u = 0
-    while v >= 1024 and u < len(_UNITS) - 1:
-        v /= 1024
-        u += 1
-    if u == 0:
-        s = f"{int(round(v))}"
-    else:
-        s = f"{v:.0f}" if v >= 100 else f"{v:.1f}" if v >= 10 else f"{v:.2f}"
-    return ("-" if n < 0 else "") + f"{s} {_UNITS[u]}"
-
-
 def _pow2_label(n: int) -> str:
     """``32768`` -> ``"32 KiB"``: a short label for a power of two (or 0)."""
     u = 0

@@ -26,8 +26,8 @@ import re
 import zlib
 from typing import Any, Iterator
 
-from . import fast_csv, safe_pickle, v1
-from .model import Trace, TraceBuilder
+from . import fast_csv, limits, safe_pickle, v1
+from .model import Trace, TraceBuilder, trace_name_from_path
 
 __all__ = [
     "FORMATS",
@@ -58,22 +58,9 @@ _RMM_OTHER = frozenset({"allocate failure", "allocate_failure", "allocation fail
 _OLD_PICKLE = re.compile(rb"\((?:d|l|t|\(|c|i[A-Za-z_])"  # MARK then DICT/LIST/TUPLE/GLOBAL/INST
                          rb"|[}\]](?:q|\(|r|h)|\}\.|\]\."  # EMPTY_DICT/EMPTY_LIST then PUT/MARK/STOP
                          rb"|c[A-Za-z_][\w.]*\n[A-Za-z_][\w.]*\n")  # GLOBAL module\nname\n
-_SUFFIXES = (".gz", ".csv", ".log", ".pickle", ".pkl", ".vktrace", ".trace", ".snapshot")
 _GZIP_MAGIC = b"\x1f\x8b"
 _SNIFF_BYTES = 1 << 16
-
-
-def trace_name_from_path(path: str | os.PathLike[str]) -> str:
-    """``bert.trace.csv.gz`` -> ``bert``: the file name without its known suffixes."""
-    base = os.path.basename(os.fspath(path))
-    changed = True
-    while changed:
-        changed = False
-        for suf in _SUFFIXES:
-            if base.lower().endswith(suf) and len(base) > len(suf):
-                base = base[: -len(suf)]
-                changed = True
-    return base
+_I64_MAX = (1 << 63) - 1
 
 
 def _display(path: str | os.PathLike[str]) -> str:
@@ -84,6 +71,7 @@ def _display(path: str | os.PathLike[str]) -> str:
 def _sniff(path: str | os.PathLike[str]) -> tuple[bytes, bool]:
     """First bytes of the (decompressed) content, and whether the file is gzip."""
     name = _display(path)
+    limits.check_regular_file(path)
     with open(path, "rb") as f:
         head = f.read(_SNIFF_BYTES)
         if not head:
@@ -175,12 +163,34 @@ def load_trace(path: str | os.PathLike[str], *, name: str | None = None,
 
 
 # -- CSV plumbing ----------------------------------------------------------------------------------
+class _Bounded(io.RawIOBase):
+    """A byte stream that refuses to yield more than ``limit`` bytes (decompressed)."""
+
+    def __init__(self, raw: Any, name: str, limit: int) -> None:
+        self._raw, self._name, self._limit, self._n = raw, name, limit, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: Any) -> int:
+        n = self._raw.readinto(b)
+        self._n += n or 0
+        if self._n > self._limit:
+            raise limits.too_many_bytes(self._name, self._limit)
+        return n
+
+    def close(self) -> None:
+        self._raw.close()
+        super().close()
+
+
 def _open_text(path: str | os.PathLike[str]) -> io.TextIOBase:
+    limits.check_regular_file(path)
     with open(path, "rb") as f:
         magic = f.read(2)
-    if magic == _GZIP_MAGIC:
-        return io.TextIOWrapper(gzip.open(path, "rb"), encoding="utf-8-sig", newline="")
-    return open(path, "r", encoding="utf-8-sig", newline="")
+    raw = gzip.open(path, "rb") if magic == _GZIP_MAGIC else open(path, "rb")
+    stream = io.BufferedReader(_Bounded(raw, _display(path), limits.max_bytes()))
+    return io.TextIOWrapper(stream, encoding="utf-8-sig", newline="")
 
 
 def _csv_rows(path: str | os.PathLike[str]) -> Iterator[tuple[int, list[str]]]:
@@ -208,16 +218,20 @@ def _csv_rows(path: str | os.PathLike[str]) -> Iterator[tuple[int, list[str]]]:
 
 def _parse_int(text: str, name: str, lineno: int, column: str) -> int:
     t = text.strip()
+    v: int | None = None
     try:
-        return int(t)
+        v = int(t)
     except ValueError:
-        pass
-    try:
-        if t.lower().startswith(("0x", "-0x")):
-            return int(t, 16)
-    except ValueError:
-        pass
-    raise ValueError(f"{name}: line {lineno}: {column} is not an integer: {text[:40]!r}")
+        try:
+            if t.lower().startswith(("0x", "-0x")):
+                v = int(t, 16)
+        except ValueError:
+            pass
+    if v is None:
+        raise ValueError(f"{name}: line {lineno}: {column} is not an integer: {text[:40]!r}")
+    if column != "addr" and not -_I64_MAX <= v <= _I64_MAX:
+        raise ValueError(f"{name}: line {lineno}: {column} {text.strip()[:40]} is outside the 64-bit range")
+    return v
 
 
 def _check_width(row: list[str], width: int, name: str, lineno: int) -> None:
@@ -289,12 +303,18 @@ def _rmm_time_us(text: str, name: str, lineno: int) -> int:
             frac = (frac + "000000")[:6]
             if not (h.isdigit() and m.isdigit() and sec.isdigit() and frac.isdigit()):
                 raise ValueError
-            return ((int(h) * 60 + int(m)) * 60 + int(sec)) * 1_000_000 + int(frac)
+            us = ((int(h) * 60 + int(m)) * 60 + int(sec)) * 1_000_000 + int(frac)
+            if us > _I64_MAX // 2:
+                raise ValueError
+            return us
         sec, _, frac = t.partition(".")
         frac = (frac + "000000")[:6]
         if not (sec.isdigit() and frac.isdigit()):
             raise ValueError
-        return int(sec) * 1_000_000 + int(frac)
+        us = int(sec) * 1_000_000 + int(frac)
+        if us > _I64_MAX // 2:
+            raise ValueError
+        return us
     except ValueError:
         raise ValueError(f"{name}: line {lineno}: Time is not HH:MM:SS.ffffff or seconds: {text[:40]!r}") from None
 
@@ -398,6 +418,8 @@ def _int_of(entry: dict[str, Any], key: str, where: str, default: int | None = N
         if v is None and default is not None:
             return default
         raise ValueError(f"{where}: {key!r} is not an integer ({type(v).__name__})")
+    if key != "addr" and not -_I64_MAX <= v <= _I64_MAX:
+        raise ValueError(f"{where}: {key!r} {v} is outside the 64-bit range")
     return v
 
 
@@ -437,6 +459,8 @@ def snapshot_to_trace(snapshot: Any, *, name: str = "snapshot", device: int | No
 
 
 def _snapshot_events(entries: list[Any], name: str, device: int, file: str, meta: dict[str, Any]) -> Trace:
+    if len(entries) > limits.max_events():  # refused before a builder grows to that size
+        raise limits.too_many_events(file, limits.max_events())
     b = TraceBuilder(name, "pytorch-snapshot")
     events: collections.Counter[str] = collections.Counter()
     for k, e in enumerate(entries):
@@ -448,8 +472,8 @@ def _snapshot_events(entries: list[Any], name: str, device: int, file: str, meta
             raise ValueError(f"{where}: no 'action'")
         events[action] += 1
         t = e.get("time_us")
-        if t is not None and (isinstance(t, bool) or not isinstance(t, int)):
-            raise ValueError(f"{where}: 'time_us' is not an integer")
+        if t is not None and (isinstance(t, bool) or not isinstance(t, int) or not -_I64_MAX <= t <= _I64_MAX):
+            raise ValueError(f"{where}: 'time_us' is not a 64-bit integer")
         if action == _TORCH_ALLOC:
             size = _int_of(e, "size", where)
             if size < 0:

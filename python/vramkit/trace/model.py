@@ -6,10 +6,13 @@ Every importer (PyTorch trace CSV and snapshots, RMM logs, vramkit trace v1) pro
 from __future__ import annotations
 
 import dataclasses
+import os
 from array import array
 from typing import Any, Hashable, NamedTuple
 
 import numpy as np
+
+_I64_MAX = (1 << 63) - 1
 
 __all__ = ["ALLOC", "FREE", "COLUMNS", "Trace", "TraceBuilder", "LiveBlock", "SizeHistogram",
            "downsample_max"]
@@ -308,6 +311,8 @@ class TraceBuilder:
         self._stream_index: dict[int, int] = {}
         self._site_index: dict[str, int] = {"": 0}
         self._next_id = 0
+        from .limits import max_events
+        self._max_events = max_events()
 
     def stream_index(self, handle: int) -> int:
         idx = self._stream_index.get(handle)
@@ -325,6 +330,12 @@ class TraceBuilder:
 
     def _row(self, action: int, ident: int, size: int, stream: int, site: int, t: int | None) -> None:
         c = self._cols
+        if len(c[0]) >= self._max_events:
+            from .limits import too_many_events
+            raise too_many_events(self.name, self._max_events)
+        if not (0 <= size <= _I64_MAX) or (t is not None and not (-_I64_MAX <= t <= _I64_MAX)):
+            # The importers name the line; this is the backstop for other callers.
+            raise ValueError(f"{self.name}: event {len(c[0])}: size or time outside the 64-bit range")
         c[0].append(action)
         c[1].append(ident)
         c[2].append(size)
@@ -380,3 +391,19 @@ class TraceBuilder:
         return Trace(name=self.name, source=self.source, ops=ops, streams=list(self.streams),
                      sites=list(self.sites), t_us=t_us, skipped_frees=self.skipped_frees,
                      left_live=len(self._live), metadata=meta)
+
+
+_SUFFIXES = (".gz", ".csv", ".log", ".pickle", ".pkl", ".vktrace", ".trace", ".snapshot")
+
+
+def trace_name_from_path(path: str | os.PathLike[str]) -> str:
+    """``bert.trace.csv.gz`` -> ``bert``: the file name without its known suffixes."""
+    base = os.path.basename(os.fspath(path))
+    changed = True
+    while changed:
+        changed = False
+        for suf in _SUFFIXES:
+            if base.lower().endswith(suf) and len(base) > len(suf):
+                base = base[: -len(suf)]
+                changed = True
+    return base

@@ -16,7 +16,6 @@ or call, a plain ``ValueError`` naming the byte offset when it is truncated or m
 from __future__ import annotations
 
 import codecs
-import gzip
 import os
 import struct
 import zlib
@@ -457,15 +456,31 @@ def loads(data: bytes, *, name: str = "<pickle>") -> Any:
 
 
 def load_file(path: str | os.PathLike[str]) -> Any:
-    """Read a pickle file (plain or gzip-compressed) with :func:`loads`."""
+    """Read a pickle file (plain or gzip-compressed) with :func:`loads`, refusing one that is
+    (or decompresses to) more than :func:`vramkit.trace.limits.max_bytes`."""
+    from . import limits
     name = os.path.basename(os.fspath(path))
+    limit = limits.max_bytes()
+    limits.check_regular_file(path)
     with open(path, "rb") as f:
-        data = f.read()
+        data = f.read(limit + 1)
     if data[:2] == b"\x1f\x8b":
+        d = zlib.decompressobj(wbits=31)
+        out = bytearray()
         try:
-            data = gzip.decompress(data)
+            rest = data
+            while rest and not d.eof:  # concatenated members: gzip allows them, PyTorch does not write them
+                out += d.decompress(rest, limit + 1 - len(out))
+                if len(out) > limit:
+                    raise limits.too_many_bytes(name, limit)
+                rest = d.unconsumed_tail
+            if not d.eof:
+                raise EOFError("compressed file ended before the end-of-stream marker was reached")
         except (OSError, EOFError, zlib.error) as exc:
             raise ValueError(f"{name}: corrupt or truncated gzip data: {exc}") from None
+        data = bytes(out)
+    if len(data) > limit:
+        raise limits.too_many_bytes(name, limit)
     if not data:
         raise ValueError(f"{name}: empty file")
     return loads(data, name=name)

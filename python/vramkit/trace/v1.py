@@ -22,14 +22,15 @@ import datetime as _dt
 import json
 import os
 import struct
-import tempfile
 import zlib
 from array import array
 from typing import Any, BinaryIO, Iterator, NamedTuple
 
 import numpy as np
 
-from .model import ALLOC, FREE, Trace
+from .._atomic import AtomicFile, PublishOnExit
+from . import limits
+from .model import ALLOC, FREE, Trace, trace_name_from_path
 
 __all__ = [
     "MAGIC", "VERSION", "RECORD_DTYPE", "Record", "TraceWriter", "V1Reader",
@@ -181,6 +182,8 @@ class V1Reader:
                 recs = np.frombuffer(self._payload(kind, raw_len, comp_len, crc, at), dtype=RECORD_DTYPE)
                 self._check_records(recs, at)
                 self.records += count
+                if self.records > limits.max_events():
+                    raise limits.too_many_events(self.name, limits.max_events())
                 yield recs
             elif kind == KIND_STREAMS:
                 if self.streams is not None:
@@ -282,7 +285,6 @@ def read_v1(path: str | os.PathLike[str], *, name: str | None = None) -> Trace:
                          f"({len(site_table)} entries)")
     t_us = times if (all_timed and n) else None
     trace_name = name or (meta.get("name") if isinstance(meta.get("name"), str) and meta.get("name") else None)
-    from .importers import trace_name_from_path  # local: importers imports this module
     return Trace(name=trace_name or trace_name_from_path(path), source="vramkit-v1", ops=ops,
                  streams=list(stream_table),
                  sites=list(site_table), t_us=t_us, skipped_frees=skipped, left_live=left_live,
@@ -354,13 +356,7 @@ def _pair_records(recs: dict[str, np.ndarray], fname: str) -> tuple[np.ndarray, 
 
 
 # -- writing ---------------------------------------------------------------------------------------
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
-class TraceWriter:
+class TraceWriter(PublishOnExit):
     """Stream records into a v1 file; the file appears (atomically) only on :meth:`close`.
 
     Records are buffered and compressed ``chunk_records`` at a time, so memory stays bounded
@@ -388,7 +384,6 @@ class TraceWriter:
                  chunk_records: int = DEFAULT_CHUNK_RECORDS, level: int = 6) -> None:
         if not 0 < chunk_records <= MAX_CHUNK_RECORDS:
             raise ValueError(f"chunk_records must be in 1..{MAX_CHUNK_RECORDS}")
-        from .importers import trace_name_from_path
         self.path = os.fspath(path)
         self._chunk_records = chunk_records
         self._level = level
@@ -406,10 +401,7 @@ class TraceWriter:
             raise ValueError(f"metadata is not JSON-serialisable: {exc}") from None
         if len(meta_raw) > MAX_META_BYTES:
             raise ValueError(f"metadata is {len(meta_raw)} bytes, over {MAX_META_BYTES}")
-        folder = os.path.dirname(os.path.abspath(self.path))
-        fd, self._tmp = tempfile.mkstemp(prefix="." + os.path.basename(self.path) + ".",
-                                         suffix=".tmp", dir=folder)
-        self._f: BinaryIO | None = os.fdopen(fd, "wb")
+        self._f: AtomicFile | None = AtomicFile(self.path)
         self._buf = bytearray()
         self._pending = 0
         self.records = 0
@@ -423,16 +415,6 @@ class TraceWriter:
         except BaseException:
             self.abort()
             raise
-
-    # context manager: publish on success, discard on error
-    def __enter__(self) -> "TraceWriter":
-        return self
-
-    def __exit__(self, exc_type: object, exc: object, tb: object) -> None:
-        if exc_type is None:
-            self.close()
-        else:
-            self.abort()
 
     def __del__(self) -> None:
         if getattr(self, "_f", None) is not None:
@@ -551,44 +533,17 @@ class TraceWriter:
             if self.records > 0xFFFFFFFF:
                 raise ValueError("more than 2**32-1 records in one file")
             self._f.write(CHUNK.pack(KIND_END, self.records, 0, 0, 0))
-            self._f.flush()
-            os.fsync(self._f.fileno())
-            self._f.close()
-            self._f = None
-            os.chmod(self._tmp, 0o666 & ~_umask())
-            os.replace(self._tmp, self.path)
         except BaseException:
             self.abort()
             raise
-        _fsync_dir(os.path.dirname(os.path.abspath(self.path)))
+        f, self._f = self._f, None
+        f.commit()
 
     def abort(self) -> None:
         """Discard everything written so far (the destination is left untouched)."""
         f, self._f = getattr(self, "_f", None), None
         if f is not None:
-            try:
-                f.close()
-            except OSError:
-                pass
-        tmp = getattr(self, "_tmp", None)
-        if tmp and os.path.exists(tmp):
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-
-
-def _fsync_dir(folder: str) -> None:
-    try:
-        fd = os.open(folder, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
+            f.abort()
 
 
 def write_v1(path: str | os.PathLike[str], trace: Trace, *, chunk_records: int = DEFAULT_CHUNK_RECORDS,

@@ -1,6 +1,6 @@
 // Device and process memory as the driver sees it: NVML behind a small
-// interface, plus a fake with the same interface for tests and for machines
-// without a GPU.
+// interface (the Python tools' simulated driver, vramkit.monitor.fake, has the
+// same methods).
 //
 // NVML is loaded at run time (dlopen "libnvidia-ml.so.1"): nothing links
 // against it, so the library still loads where no driver is installed, and
@@ -52,7 +52,7 @@ class nvml_unavailable : public error {
 class gpu_monitor {
  public:
   virtual ~gpu_monitor() = default;
-  virtual std::string backend_name() const = 0;  // "nvml" or "fake"
+  virtual std::string backend_name() const = 0;  // "nvml"
   virtual std::string driver_version() = 0;
   virtual unsigned device_count() = 0;
   // Throws invalid_argument for an index >= device_count().
@@ -102,49 +102,8 @@ class nvml_monitor final : public gpu_monitor {
   std::vector<std::unique_ptr<device_state>> devices_;
 };
 
-// A simulated driver: devices and processes from a JSON document, e.g.
-//   {"driver_version": "550.54.15",
-//    "devices": [{"name": "NVIDIA H200", "uuid": "GPU-0", "pci_bus_id": "00000000:19:00.0",
-//                 "total_bytes": 150754820096, "used_bytes": 1073741824, "reserved_bytes": 597688320,
-//                 "utilization_gpu": 35, "utilization_memory": 12, "temperature_c": 41, "power_w": 120.5,
-//                 "processes": [{"pid": 4242, "used_bytes": 1073741824, "name": "python3"}]}]}
-// free_bytes defaults to total - used - reserved. Constructed from a file, the
-// monitor re-reads it when it changes, so a test can move memory over time.
-class fake_monitor final : public gpu_monitor {
- public:
-  struct fake_device {
-    device_sample sample;
-    std::vector<process_sample> processes;
-  };
-  explicit fake_monitor(std::vector<fake_device> devices, std::string driver_version = "fake");
-  // Throws invalid_argument naming the file and the problem for bad JSON.
-  static std::unique_ptr<fake_monitor> from_file(const std::string& path);
-  static std::unique_ptr<fake_monitor> from_json(const std::string& text);
-
-  std::string backend_name() const override { return "fake"; }
-  std::string driver_version() override;
-  unsigned device_count() override;
-  device_sample device(unsigned index) override;
-  std::vector<process_sample> processes(unsigned index) override;
-  // All devices from one state of the file (a reload cannot fall between them).
-  std::vector<device_sample> devices() override;
-
-  void set_devices(std::vector<fake_device> devices);
-
- private:
-  void reload_if_changed();
-
-  std::mutex mu_;
-  std::vector<fake_device> devices_;
-  std::string driver_version_;
-  std::string path_;              // empty: not file-backed
-  std::int64_t mtime_ns_ = 0;
-  std::int64_t size_ = -1;
-};
-
-// The monitor a tool should use: a fake_monitor from `fake_json_path` if one
-// is given, else from $VRAMKIT_FAKE_NVML if set and non-empty, else NVML
-// (throws nvml_unavailable without a driver).
-std::unique_ptr<gpu_monitor> open_monitor(const std::optional<std::string>& fake_json_path = std::nullopt);
+// NVML (throws nvml_unavailable without a driver). The tools' simulated driver
+// for tests is Python (vramkit.monitor.fake), not part of this library.
+std::unique_ptr<gpu_monitor> open_monitor();
 
 }  // namespace vramkit::monitor

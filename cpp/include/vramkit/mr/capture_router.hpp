@@ -123,7 +123,6 @@ class capture_aware_events final : public stream_ops {
   bool done(event_id e) override;
   void wait(event_id e) override;
   void release(event_id e) noexcept override;
-  void synchronize_device() override;
 
  private:
   // CUDA events are user-space pointers (below 2^63), host events small numbers.

@@ -17,7 +17,6 @@ class stream_ops {
   virtual bool done(event_id e) = 0;  // non-blocking
   virtual void wait(event_id e) = 0;  // blocks the host until done
   virtual void release(event_id e) noexcept = 0;
-  virtual void synchronize_device() = 0;
   // Blocks until the work queued on `s` so far is done.
   void wait_for_stream(stream_t s) {
     event_id e = record(s);
@@ -33,7 +32,6 @@ class host_stream_ops final : public stream_ops {
   bool done(event_id) override { return true; }
   void wait(event_id) override {}
   void release(event_id) noexcept override {}
-  void synchronize_device() override {}
 };
 
 }  // namespace vramkit

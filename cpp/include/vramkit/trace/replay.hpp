@@ -2,6 +2,7 @@
 #pragma once
 #include <cstdint>
 #include <functional>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -28,6 +29,15 @@ struct replay_options {
   // Called after each op of an extra measuring pass (timeline sampling); see replay().
   std::function<void(std::size_t op_index, const memory_state&)> sample;
   std::size_t sample_every = 0;     // 0 = no sampling pass
+  // Polled every `interrupt_every` ops of every pass: returning true ends the replay with
+  // replay_interrupted, after freeing what the replay holds (the binding checks Ctrl-C here).
+  std::function<bool()> interrupted;
+  std::size_t interrupt_every = 1 << 14;
+};
+
+// Thrown by replay() when options.interrupted() returned true.
+struct replay_interrupted : std::runtime_error {
+  replay_interrupted() : std::runtime_error("replay interrupted") {}
 };
 
 struct replay_result {

@@ -394,7 +394,6 @@ class cuda_events final : public stream_ops {
     std::lock_guard<std::mutex> lk(mu_);
     free_.push_back(reinterpret_cast<cudaEvent_t>(id));
   }
-  void synchronize_device() override { cuda::synchronize_device(device_); }
 
  private:
   int device_;

@@ -1,0 +1,64 @@
+// Size and option parsing: strict, and the same under any C locale (vramkit top
+// calls setlocale(LC_ALL, "") and a German locale writes 0,5 for one half).
+#include <gtest/gtest.h>
+
+#include <clocale>
+#include <string>
+
+#include "vramkit/error.hpp"
+#include "vramkit/pool_options.hpp"
+
+using namespace vramkit;
+
+namespace {
+// Switches LC_ALL to a decimal-comma locale for the test's lifetime.
+class GermanLocale : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    old_ = std::setlocale(LC_ALL, nullptr);
+    if (!std::setlocale(LC_ALL, "de_DE.UTF-8"))
+      GTEST_SKIP() << "locale de_DE.UTF-8 is not installed (scripts/setup.sh with VRAMKIT_SETUP_TEST_TOOLS=1 "
+                      "generates it)";
+  }
+  void TearDown() override { std::setlocale(LC_ALL, old_.c_str()); }
+  std::string old_;
+};
+}  // namespace
+
+TEST_F(GermanLocale, SizesWithAFractionKeepIt) {
+  EXPECT_EQ(parse_size("1.5GiB"), std::size_t{3} << 29);
+  EXPECT_EQ(parse_size("0.5MiB"), std::size_t{1} << 19);
+  EXPECT_EQ(parse_size(".25KiB"), 256u);
+}
+
+TEST_F(GermanLocale, OptionsParseAndPrintWithADot) {
+  pool_options o;
+  o.parse("growth_slack:0.05,va_factor:2.5");
+  EXPECT_DOUBLE_EQ(o.growth_slack, 0.05);
+  EXPECT_DOUBLE_EQ(o.va_factor, 2.5);
+  std::string s = o.to_string();
+  EXPECT_NE(s.find("growth_slack:0.0500,"), std::string::npos) << s;
+  EXPECT_NE(s.find("va_factor:2.50"), std::string::npos) << s;
+  pool_options back;
+  back.parse(s);  // the printed string is a valid options string
+  EXPECT_DOUBLE_EQ(back.growth_slack, 0.05);
+  EXPECT_EQ(format_fixed(0.5, 3), "0.500");
+}
+
+TEST(Parsing, SizesRefuseGarbage) {
+  EXPECT_THROW(parse_size("1.2.3GiB"), invalid_argument);
+  EXPECT_THROW(parse_size("."), invalid_argument);
+  EXPECT_THROW(parse_size("1e3"), invalid_argument);
+  EXPECT_THROW(parse_size("-1"), invalid_argument);
+  EXPECT_EQ(parse_size("1.5 GiB"), std::size_t{3} << 29);
+  EXPECT_EQ(parse_size("2MB"), 2000000u);
+}
+
+TEST(Parsing, FractionsInOptionsAreWholeNumbers) {
+  pool_options o;
+  EXPECT_THROW(o.parse("growth_slack:5%"), invalid_argument);
+  EXPECT_THROW(o.parse("growth_slack:0.05abc"), invalid_argument);
+  EXPECT_THROW(o.parse("growth_slack:1e-2"), invalid_argument);
+  EXPECT_THROW(o.parse("growth_slack:"), invalid_argument);
+  EXPECT_DOUBLE_EQ(o.growth_slack, pool_options{}.growth_slack);  // a refused string changes nothing
+}

@@ -1,0 +1,136 @@
+// vramkit._vramkit: Resource (every allocator and adaptor), building allocators from specs,
+// and the size and option parsers.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/shared_ptr.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
+
+#include "bindings.hpp"
+#include "vramkit/mr/pool_resource.hpp"
+#include "vramkit/platform/host_page_device.hpp"
+#include "vramkit/platform/stream_ops.hpp"
+#include "vramkit/runtime.hpp"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+using namespace vramkit;
+using namespace vramkit::py;
+
+namespace vramkit::py {
+
+nb::list segments_list(const std::vector<segment_info>& segs) {
+  nb::list out;
+  for (auto& s : segs) {
+    nb::dict d;
+    d["base"] = s.base;
+    d["size"] = s.size;
+    d["mapped_bytes"] = s.mapped_bytes;
+    d["small"] = s.small;
+    nb::list bl;
+    for (auto& b : s.blocks) {
+      nb::dict x;
+      x["addr"] = b.addr;
+      x["size"] = b.size;
+      x["requested"] = b.requested;
+      x["allocated"] = b.allocated;
+      x["pending"] = b.pending;
+      x["stream"] = b.stream;
+      bl.append(x);
+    }
+    d["blocks"] = bl;
+    out.append(d);
+  }
+  return out;
+}
+
+}  // namespace vramkit::py
+
+void bind_resource(nb::module_& m) {
+  nb::class_<device_resource>(m, "Resource", "A memory resource: an upstream, the pool, or an adaptor over one.")
+      .def_prop_ro("name", &device_resource::name)
+      .def_prop_ro("device", &device_resource::device)
+      .def("allocate", [](device_resource& r, std::size_t n, nb::handle s) {
+            return reinterpret_cast<std::uintptr_t>(r.allocate(n, to_stream(s)));
+          }, "nbytes"_a, "stream"_a.none() = nb::none(), "Allocates nbytes; returns the device pointer as an int.")
+      .def("deallocate", [](device_resource& r, std::uintptr_t p, std::size_t n, nb::handle s) {
+            r.deallocate_checked(reinterpret_cast<void*>(p), n, to_stream(s));
+          }, "ptr"_a, "nbytes"_a = 0, "stream"_a.none() = nb::none(),
+          "Frees ptr. Raises ValueError on a double free, a foreign pointer or a wrong size (nothing changes).")
+      .def("record_stream", [](device_resource& r, std::uintptr_t p, nb::handle s) {
+            r.record_stream(reinterpret_cast<void*>(p), to_stream(s));
+          }, "ptr"_a, "stream"_a)
+      .def("release_cached", &device_resource::release_cached, nb::call_guard<nb::gil_scoped_release>())
+      .def("state", [](const device_resource& r) { return state_dict(r.state()); })
+      .def("reset_peaks", &device_resource::reset_peaks)
+      .def("allocation_size", [](const device_resource& r, std::uintptr_t p) {
+            return r.allocation_size(reinterpret_cast<void*>(p));
+          })
+      .def("statistics", [](device_resource& r) -> nb::object {
+            auto* s = dynamic_cast<statistics_adaptor*>(&r);
+            if (!s) return nb::none();
+            return stats_dict(s->stats());
+          })
+      .def("segments", [](device_resource& r) {
+            pool_resource* p = find_pool(&r);
+            if (!p) throw invalid_argument("segments: resource '" + r.name() + "' holds no pool");
+            return segments_list(p->segments());
+          })
+      .def("pool_counters", [](device_resource& r) -> nb::object {
+            pool_resource* p = find_pool(&r);
+            if (!p) return nb::none();
+            auto c = p->counters();
+            nb::dict d;
+            d["pages_created"] = c.pages_created;
+            d["pages_destroyed"] = c.pages_destroyed;
+            d["pages_mapped"] = c.pages_mapped;
+            d["pages_unmapped"] = c.pages_unmapped;
+            d["pages_remapped"] = c.pages_remapped;
+            d["mappings_reused"] = c.mappings_reused;
+            d["map_calls"] = c.map_calls;
+            d["segments_allocated"] = c.segments_allocated;
+            d["segments_freed"] = c.segments_freed;
+            d["stream_reclaims"] = c.stream_reclaims;
+            d["pages_deferred"] = c.pages_deferred;
+            d["deferred_waits"] = c.deferred_waits;
+            d["page_size"] = p->page_size();
+            d["options"] = p->options().to_string();
+            return d;
+          })
+      .def("set_reserve_limit", [](device_resource& r, std::size_t n) {
+            pool_resource* p = find_pool(&r);
+            if (!p) throw invalid_argument("set_reserve_limit: resource '" + r.name() + "' holds no pool");
+            p->set_reserve_limit(n);
+          })
+      .def("check_invariants", [](device_resource& r) {
+            pool_resource* p = find_pool(&r);
+            if (p) p->check_invariants();
+          })
+      .def("__repr__", [](const device_resource& r) { return "<vramkit.Resource " + r.name() + " on device " + std::to_string(r.device()) + ">"; });
+
+  m.def("make_resource", &make_resource, "spec"_a, "device"_a = 0,
+        "Builds an allocator from a spec: vramkit|pool[:upstream=U,key:value,...], host, vmm, cuda, cuda_async[:release_threshold=SIZE].");
+  m.def("statistics_adaptor", [](std::shared_ptr<device_resource> r) -> std::shared_ptr<device_resource> {
+    return std::make_shared<statistics_adaptor>(std::move(r));
+  });
+  m.def("limiting_adaptor", [](std::shared_ptr<device_resource> r, std::size_t limit) -> std::shared_ptr<device_resource> {
+    return std::make_shared<limiting_adaptor>(std::move(r), limit);
+  }, "resource"_a, "limit_bytes"_a);
+  m.def("limiting_adaptor_fraction", [](std::shared_ptr<device_resource> r, double f) -> std::shared_ptr<device_resource> {
+    return limiting_adaptor::from_fraction(std::move(r), f);
+  }, "resource"_a, "fraction"_a);
+  m.def("host_pool", [](std::size_t capacity, const std::string& conf) -> std::shared_ptr<device_resource> {
+    pool_options o;
+    o.parse(conf);
+    return std::make_shared<pool_resource>(
+        std::make_shared<host_page_device>(capacity, o.page_size ? o.page_size : std::size_t{2} << 20),
+        std::make_shared<host_stream_ops>(), o);
+  }, "capacity"_a = host_page_device::default_capacity, "options"_a = "",
+        "A pool over a fresh simulated device of the given capacity.");
+  m.def("parse_options", [](const std::string& conf) {
+    pool_options o;
+    o.parse(conf);
+    return o.to_string();
+  });
+  m.def("parse_size", &parse_size);
+  m.def("format_bytes", &format_bytes);
+}
