@@ -166,13 +166,13 @@ nb::list pool_segments(const std::vector<segment_info>& segs) {
 }  // namespace
 
 void bind_emul(nb::module_& m) {
-  m.def("read_torch_csv_columns", [](const std::string& path) -> nb::object {
+  m.def("read_torch_csv_columns", [](const std::string& path, std::uint64_t max_bytes, std::uint64_t max_rows) -> nb::object {
     torch_csv_columns c;
     std::string why;
     bool ok;
     {
       nb::gil_scoped_release rel;
-      ok = read_torch_csv_fast(path, c, why);
+      ok = read_torch_csv_fast(path, c, why, max_bytes, max_rows);
     }
     if (!ok) return nb::make_tuple(nb::none(), why);
     nb::dict d;
@@ -185,7 +185,7 @@ void bind_emul(nb::module_& m) {
     for (auto& [k, v] : c.events) ev[nb::str(k.c_str())] = v;
     d["events"] = ev;
     return nb::make_tuple(d, why);
-  }, "path"_a, "Columns of the alloc and free_requested rows of a plain PyTorch trace CSV (gzip or not), or "
+  }, "path"_a, "max_bytes"_a = ~std::uint64_t{0}, "max_rows"_a = ~std::uint64_t{0}, "Columns of the alloc and free_requested rows of a plain PyTorch trace CSV (gzip or not), or "
                "(None, why) when the file needs the exact Python reader.");
   m.def("torch_emulator", [](const std::string& spec, std::size_t capacity) -> std::shared_ptr<device_resource> {
     return emul::make_torch_emulator(spec, capacity);

@@ -28,9 +28,25 @@ def _load(path: str | None):
     return trace
 
 
+def _parse_capacity(text: str | None) -> int | None:
+    if text is None:
+        return None
+    from . import _vramkit
+    try:
+        cap = _vramkit.parse_size(text)
+    except ValueError as e:
+        raise CliError(f"--capacity: {e}") from None
+    if cap < (2 << 20):
+        raise CliError(f"--capacity {text} is impossible: a device needs at least one 2 MiB page")
+    if cap > (1 << 47):
+        raise CliError(f"--capacity {text} is impossible: more than 128 TiB cannot be simulated")
+    return cap
+
+
 def add_import_limit_args(s) -> None:
     """--max-import-bytes / --max-import-events: see vramkit.trace.limits."""
     s.add_argument("--max-import-bytes", metavar="SIZE",
                    help="refuse a trace that expands to more (default 1GiB; env VRAMKIT_MAX_IMPORT_BYTES)")
     s.add_argument("--max-import-events", metavar="N",
-                   help="refuse a trace with more events (default 5000000; env VRAMKIT_MAX_IMPORT_EVENTS)")
+                   help="refuse a trace with more events (default 5000000, or 40000000 for vramkit v1 files and long "
+                        "PyTorch CSVs, read into arrays; env VRAMKIT_MAX_IMPORT_EVENTS)")

@@ -7,7 +7,7 @@ import os
 import sys
 import time
 
-from ._cli_common import CliError, _load, add_import_limit_args  # noqa: F401 (CliError, _load: API)
+from ._cli_common import CliError, _load, _parse_capacity, add_import_limit_args  # noqa: F401 (CliError, _load: API)
 
 
 def _default_allocators() -> list[str]:
@@ -15,21 +15,6 @@ def _default_allocators() -> list[str]:
     if _vramkit.backend() == "cuda":
         return ["vramkit", "cuda", "cuda_async", "torch-default", "torch-expandable"]
     return ["vramkit", "host", "torch-default", "torch-expandable"]
-
-
-def _parse_capacity(text: str | None) -> int | None:
-    if text is None:
-        return None
-    from . import _vramkit
-    try:
-        cap = _vramkit.parse_size(text)
-    except ValueError as e:
-        raise CliError(f"--capacity: {e}") from None
-    if cap < (2 << 20):
-        raise CliError(f"--capacity {text} is impossible: a device needs at least one 2 MiB page")
-    if cap > (1 << 47):
-        raise CliError(f"--capacity {text} is impossible: more than 128 TiB cannot be simulated")
-    return cap
 
 
 def replay_ops(trace):

@@ -8,7 +8,7 @@ import sys
 def cmd_advise(args) -> int:
     from .advise import DEFAULT_CANDIDATES, advise, make_resource, progress_printer, table
     import numpy as np
-    from .cli import CliError, _load, _parse_capacity
+    from ._cli_common import CliError, _load, _parse_capacity
     capacity = _parse_capacity(args.capacity)
     specs = args.allocator or list(DEFAULT_CANDIDATES)
     for spec in specs:  # every name and option checked before any replay: a typo costs nothing

@@ -38,9 +38,10 @@ std::string norm(std::string s) {
 
 }  // namespace
 
-bool read_torch_csv_fast(const std::string& path, torch_csv_columns& out, std::string& why) {
+bool read_torch_csv_fast(const std::string& path, torch_csv_columns& out, std::string& why, std::uint64_t max_bytes,
+                         std::uint64_t max_rows) {
 #ifndef VRAMKIT_HAVE_ZLIB
-  (void)path, (void)out;
+  (void)path, (void)out, (void)max_bytes, (void)max_rows;
   why = "built without zlib";
   return false;
 #else
@@ -125,6 +126,10 @@ bool read_torch_csv_fast(const std::string& path, torch_csv_columns& out, std::s
       why = "a field that is not a plain decimal";
       return false;
     }
+    if (out.action.size() >= max_rows) {
+      why = "rows bound";
+      return false;
+    }
     out.action.push_back(code);
     out.addr.push_back(static_cast<std::uint64_t>(addr));
     out.size.push_back(size);
@@ -133,6 +138,8 @@ bool read_torch_csv_fast(const std::string& path, torch_csv_columns& out, std::s
     return true;
   };
   bool ok = true;
+  std::uint64_t total = 0;
+  constexpr std::size_t max_line = 64 << 10;
   for (;;) {
     int n = gzread(f, buf.data(), static_cast<unsigned>(buf.size()));
     if (n < 0) {
@@ -141,12 +148,23 @@ bool read_torch_csv_fast(const std::string& path, torch_csv_columns& out, std::s
       break;
     }
     if (n == 0) break;
+    total += static_cast<std::uint64_t>(n);
+    if (total > max_bytes) {
+      why = "bytes bound";
+      ok = false;
+      break;
+    }
     const char* p = buf.data();
     const char* end = p + n;
     if (!carry.empty()) {
       const char* nl = static_cast<const char*>(std::memchr(p, '\n', static_cast<std::size_t>(end - p)));
       if (!nl) {
         carry.append(p, end);
+        if (carry.size() > max_line) {
+          why = "a line longer than 64 KiB";
+          ok = false;
+          break;
+        }
         continue;
       }
       carry.append(p, nl);
@@ -161,6 +179,10 @@ bool read_torch_csv_fast(const std::string& path, torch_csv_columns& out, std::s
       const char* nl = static_cast<const char*>(std::memchr(p, '\n', static_cast<std::size_t>(end - p)));
       if (!nl) {
         carry.assign(p, end);
+        if (carry.size() > max_line) {
+          why = "a line longer than 64 KiB";
+          ok = false;
+        }
         break;
       }
       if (!line(p, nl)) {

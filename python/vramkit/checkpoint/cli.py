@@ -33,7 +33,7 @@ def budgets_for(ch: Chain, count: int, max_segment=None) -> list:
 
 
 def cmd_checkpoint_plan(args) -> int:
-    from ..cli import CliError
+    from .._cli_common import CliError
     try:
         ch = Chain.load(args.chain)
     except FileNotFoundError:

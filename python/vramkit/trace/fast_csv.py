@@ -23,7 +23,13 @@ def read_fast(path: str | os.PathLike[str], name: str, fname: str) -> Trace | No
         from .. import _vramkit
     except ImportError:  # pure-Python install: no columnar reader
         return None
-    cols, _why = _vramkit.read_torch_csv_columns(os.fspath(path))
+    from . import limits
+    max_bytes, max_rows = limits.max_bytes(), limits.max_events(columnar=True)
+    cols, why = _vramkit.read_torch_csv_columns(os.fspath(path), max_bytes, max_rows)
+    if why == "bytes bound":
+        raise limits.too_many_bytes(fname, max_bytes)
+    if why == "rows bound":
+        raise limits.too_many_events(fname, max_rows)
     if cols is None:
         return None
     ops, t_us, streams, skipped, implicit, left_live = pair_by_address(cols)

@@ -12,8 +12,11 @@ import re
 
 #: Decompressed bytes one trace file may hold (a real 200k-op snapshot is ~20 MiB).
 DEFAULT_MAX_BYTES = 1 << 30
-#: Allocation events one trace may hold (real training traces: ~10^5 to 10^6).
+#: Allocation events one trace may hold when each becomes Python objects (pickles, row readers;
+#: real training traces: ~10^5 to 10^6).
 DEFAULT_MAX_EVENTS = 5_000_000
+#: ... and when it is read into columns (vramkit's v1 format, long PyTorch CSVs): ~40 bytes each.
+DEFAULT_MAX_COLUMNAR_EVENTS = 40_000_000
 
 _override: dict[str, int] = {}
 _UNITS = {"": 1, "b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
@@ -48,11 +51,15 @@ def max_bytes() -> int:
     return parse_count(env, "VRAMKIT_MAX_IMPORT_BYTES", True) if env else DEFAULT_MAX_BYTES
 
 
-def max_events() -> int:
+def max_events(columnar: bool = False) -> int:
+    """The bound in force: the flag's, else the environment's, else the default of the reader
+    (``columnar``: one that keeps events in arrays, not objects)."""
     if "events" in _override:
         return _override["events"]
     env = os.environ.get("VRAMKIT_MAX_IMPORT_EVENTS")
-    return parse_count(env, "VRAMKIT_MAX_IMPORT_EVENTS", False) if env else DEFAULT_MAX_EVENTS
+    if env:
+        return parse_count(env, "VRAMKIT_MAX_IMPORT_EVENTS", False)
+    return DEFAULT_MAX_COLUMNAR_EVENTS if columnar else DEFAULT_MAX_EVENTS
 
 
 def too_many_bytes(name: str, limit: int) -> ValueError:

@@ -182,8 +182,8 @@ class V1Reader:
                 recs = np.frombuffer(self._payload(kind, raw_len, comp_len, crc, at), dtype=RECORD_DTYPE)
                 self._check_records(recs, at)
                 self.records += count
-                if self.records > limits.max_events():
-                    raise limits.too_many_events(self.name, limits.max_events())
+                if self.records > limits.max_events(columnar=True):
+                    raise limits.too_many_events(self.name, limits.max_events(columnar=True))
                 yield recs
             elif kind == KIND_STREAMS:
                 if self.streams is not None:

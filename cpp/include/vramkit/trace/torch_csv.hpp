@@ -24,7 +24,11 @@ struct torch_csv_columns {
 };
 
 // Returns false (out untouched but for partial columns) when the file is not in
-// the plain form this reader accepts; `why` then says what it met.
-bool read_torch_csv_fast(const std::string& path, torch_csv_columns& out, std::string& why);
+// the plain form this reader accepts; `why` then says what it met. Bounded:
+// past max_bytes decompressed bytes `why` is "bytes bound", past max_rows
+// alloc/free rows "rows bound" (a hostile file cannot take the machine's
+// memory), and a line longer than 64 KiB is not plain.
+bool read_torch_csv_fast(const std::string& path, torch_csv_columns& out, std::string& why,
+                         std::uint64_t max_bytes = ~std::uint64_t{0}, std::uint64_t max_rows = ~std::uint64_t{0});
 
 }  // namespace vramkit
