@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/vector.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
@@ -34,6 +35,10 @@ void bind_device(nb::module_& m) {
     std::size_t fr = 0, tot = 0;
     device_mem_info(to_device(d), fr, tot);
     return std::make_pair(fr, tot);
+  }, "device"_a.none() = nb::none());
+  m.def("peer_devices", [](nb::handle d) {
+    int dev = to_device(d);
+    return current_backend() == backend::cuda ? cuda::peer_devices(dev) : std::vector<int>{};
   }, "device"_a.none() = nb::none());
   m.def("device_properties", [](nb::handle dh) {
     device_properties p = get_device_properties(to_device(dh));

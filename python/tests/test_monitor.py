@@ -613,3 +613,30 @@ def test_exporter_with_real_nvml(monkeypatch):
     assert len(fams["DCGM_FI_DEV_GPU_TEMP"]["samples"]) == n
     print(f"scrape with real NVML: median {statistics.median(times) * 1e3:.2f} ms, max {max(times) * 1e3:.2f} ms")
     assert statistics.median(times) < 0.005
+
+
+def test_exporter_one_series_per_gpu_and_process(tmp_path, monkeypatch):
+    """Two GPUs, one process on both and one on each: a DCGM series per GPU and a process series
+    per (GPU, process), each labelled with its GPU."""
+    doc = fake_doc()
+    doc["devices"][0]["processes"] = [{"pid": 501, "used_bytes": 3 * GiB, "name": "rank0"},
+                                      {"pid": 777, "used_bytes": 1 * GiB, "name": "both"}]
+    doc["devices"][1]["used_bytes"] = 5 * GiB
+    doc["devices"][1]["processes"] = [{"pid": 502, "used_bytes": 4 * GiB, "name": "rank1"},
+                                      {"pid": 777, "used_bytes": 1 * GiB, "name": "both"}]
+    monkeypatch.setenv("VRAMKIT_FAKE_NVML", write_fake(tmp_path / "two.json", doc))
+    with start_exporter() as exp:
+        _, _, text = scrape(exp.url)
+    fams = parse_exposition(text)
+    used = {s[0]["gpu"]: s[1] for s in fams["DCGM_FI_DEV_FB_USED"]["samples"]}
+    assert used == {"0": 10 * 1024, "1": 5 * 1024}
+    procs = {(s[0]["gpu"], s[0]["pid"]): s[1] for s in fams["vramkit_process_gpu_memory_bytes"]["samples"]}
+    assert procs == {("0", "501"): 3 * GiB, ("0", "777"): GiB, ("1", "502"): 4 * GiB, ("1", "777"): GiB}
+    uuids = {s[0]["gpu"]: s[0]["UUID"] for s in fams["vramkit_process_gpu_memory_bytes"]["samples"]}
+    assert uuids["1"] == "GPU-66666666-7777-8888-9999-000000000000"
+
+
+def test_peer_devices_on_the_simulated_device_is_empty():
+    if vramkit.backend() != "host":
+        pytest.skip("the GPU case is in test_gpu_multi.py")
+    assert vramkit.peer_devices() == [] and vramkit.peer_devices(0) == []

@@ -33,7 +33,7 @@ if _os.environ.get("VRAMKIT_LEAK_REPORT", "").strip() not in ("", "0"):
 __all__ = [
     "DeviceBuffer", "Resource", "OutOfMemoryError", "alloc", "memory_allocated", "memory_reserved",
     "max_memory_allocated", "max_memory_reserved", "reset_peak_memory_stats", "memory_stats",
-    "memory_summary", "empty_cache", "mem_get_info", "set_per_process_memory_fraction",
+    "memory_summary", "empty_cache", "mem_get_info", "peer_devices", "set_per_process_memory_fraction",
     "get_memory_info", "device_info", "set_current_resource", "get_current_resource", "make_resource",
     "backend", "device_count", "info", "format_bytes", "parse_size", "LeakError",
 ]
@@ -148,6 +148,17 @@ def memory_stats(device=None) -> dict:
 def empty_cache(device=None) -> None:
     """Return cached memory to the device; live allocations are untouched."""
     _vramkit.current_resource(device).release_cached()
+
+
+def peer_devices(device=None) -> list[int]:
+    """The other GPUs whose kernels may read and write this device's pool memory.
+
+    vramkit's pages are mapped with read/write access for every peer that
+    ``cudaDeviceCanAccessPeer`` allows (so that NCCL's peer-to-peer paths and
+    ``cudaMemcpyPeer`` work on them), unless ``VRAMKIT_PEER_ACCESS=off``. Empty on one GPU
+    and on the simulated device.
+    """
+    return list(_vramkit.peer_devices(device))
 
 
 def mem_get_info(device=None) -> tuple[int, int]:

@@ -4,6 +4,7 @@
 #pragma once
 #include <cstddef>
 #include <memory>
+#include <vector>
 
 #include "vramkit/platform/device_properties.hpp"
 #include "vramkit/platform/page_device.hpp"
@@ -29,6 +30,11 @@ void synchronize_device(int device);
 // Whether work queued on `s` is being captured into a CUDA graph (legal to
 // ask during a capture; never throws: an error reads as "not capturing").
 bool stream_is_capturing(stream_t s) noexcept;
+// Devices whose kernels may read and write `device`'s memory from vramkit's
+// pool: every peer that cudaDeviceCanAccessPeer allows, unless
+// VRAMKIT_PEER_ACCESS=off. Empty on one GPU. Throws invalid_argument for
+// another value of the variable.
+std::vector<int> peer_devices(int device);
 // Sets the calling thread's stream-capture mode to relaxed (so that calls a
 // graph capture in "global" mode forbids, such as mapping memory, are
 // allowed from this thread); returns the mode to restore.

@@ -4,7 +4,9 @@
 #include <cuda.h>
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <mutex>
+#include <string>
 #include <unordered_map>
 #include <vector>
 #include <algorithm>
@@ -98,6 +100,15 @@ const driver_api& driver() {
     if (r_ != CUDA_SUCCESS) fail_drv(r_, #call);   \
   } while (0)
 
+// ---- peers -------------------------------------------------------------------
+// The device itself, then the peers VRAMKIT_PEER_ACCESS lets reach its memory:
+// "auto" (default) every device that can access it, "off" none.
+std::vector<int> access_devices(int device) {
+  std::vector<int> out{device};
+  for (int peer : peer_devices(device)) out.push_back(peer);
+  return out;
+}
+
 // ---- vmm ---------------------------------------------------------------------
 class vmm_device final : public page_device {
  public:
@@ -115,8 +126,16 @@ class vmm_device final : public page_device {
     std::size_t fr = 0, tot = 0;
     mem_get_info(device, fr, tot);
     capacity_ = tot / granularity_ * granularity_;
-    access_.location = prop_.location;
-    access_.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+    // Read/write access for this device and every peer that may reach it, so
+    // that NCCL's peer paths and cudaMemcpyPeer work on the pool's memory. On
+    // one GPU the list is this device alone (nothing changes).
+    for (int d : access_devices(device)) {
+      CUmemAccessDesc a{};
+      a.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+      a.location.id = d;
+      a.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+      access_.push_back(a);
+    }
   }
   std::size_t granularity() const noexcept override { return granularity_; }
   std::size_t capacity() const noexcept override { return capacity_; }
@@ -156,7 +175,7 @@ class vmm_device final : public page_device {
       for (; done < count; ++done)
         VK_DRV(driver().map(static_cast<CUdeviceptr>(va + done * granularity_), granularity_, 0,
                             static_cast<CUmemGenericAllocationHandle>(handles[done]), 0));
-      VK_DRV(driver().set_access(static_cast<CUdeviceptr>(va), count * granularity_, &access_, 1));
+      VK_DRV(driver().set_access(static_cast<CUdeviceptr>(va), count * granularity_, access_.data(), access_.size()));
     } catch (...) {
       if (done) driver().unmap(static_cast<CUdeviceptr>(va), done * granularity_);
       throw;
@@ -175,7 +194,7 @@ class vmm_device final : public page_device {
   std::size_t granularity_ = 0, capacity_ = 0;
   std::size_t created_ = 0;
   CUmemAllocationProp prop_{};
-  CUmemAccessDesc access_{};
+  std::vector<CUmemAccessDesc> access_;
 };
 
 // ---- plain resources -----------------------------------------------------------
@@ -490,6 +509,26 @@ void synchronize_device(int device) {
   device_guard g(device);
   VK_CUDA(cudaDeviceSynchronize());
 }
+std::vector<int> peer_devices(int device) {
+  const char* e = std::getenv("VRAMKIT_PEER_ACCESS");
+  std::string mode = e ? e : "auto";
+  if (mode == "off" || mode == "0" || mode == "false") return {};
+  if (mode != "auto" && mode != "on" && mode != "1" && mode != "true")
+    throw invalid_argument("VRAMKIT_PEER_ACCESS='" + mode + "' is not one of auto, off");
+  std::vector<int> out;
+  int n = device_count();
+  for (int peer = 0; peer < n; ++peer) {
+    if (peer == device) continue;
+    int can = 0;
+    if (cudaDeviceCanAccessPeer(&can, peer, device) != cudaSuccess) {
+      cudaGetLastError();
+      continue;
+    }
+    if (can) out.push_back(peer);
+  }
+  return out;
+}
+
 bool stream_is_capturing(stream_t s) noexcept {
   cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
   if (cudaStreamIsCapturing(reinterpret_cast<cudaStream_t>(s), &st) != cudaSuccess) {

@@ -18,6 +18,7 @@ void destroy_stream(stream_t) noexcept {}
 void synchronize_stream(stream_t) { none(); }
 void synchronize_device(int) { none(); }
 bool stream_is_capturing(stream_t) noexcept { return false; }
+std::vector<int> peer_devices(int) { return {}; }
 int relax_capture_mode() noexcept { return 0; }
 void restore_capture_mode(int) noexcept {}
 void copy_to_device(void*, const void*, std::size_t) { none(); }
