@@ -88,6 +88,10 @@ using namespace vramkit::py;
 
 NB_MODULE(_vramkit, m) {
   m.doc() = "vramkit core (C++)";
+  // Resources and buffers held by module-level state (each device's current
+  // resource, the frameworks' allocators) are alive when the interpreter
+  // exits; the process gives their memory back. nanobind would list each one.
+  nb::set_leak_warnings(false);
   nb::exception<out_of_memory>(m, "OutOfMemoryError", PyExc_MemoryError);
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
