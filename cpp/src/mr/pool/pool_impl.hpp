@@ -1,0 +1,247 @@
+// The caching pool's private state and the parts that work on it. Each part
+// lives in its own file, named after the design (docs/pool-design.md draws
+// how a request flows through them; glossary.hpp defines the words):
+//
+//   pool_resource.cpp  entry points: setup, allocate, free, teardown, public API
+//   placement.cpp      where a request goes: fit, hollow places, runs, splits
+//   page_supply.cpp    physical pages for a placement: spares, new pages, steals
+//   page_mapping.cpp   mapping pages under a block; kept and deferred mappings
+//   stream_reuse.cpp   frees on other streams: pending blocks, slot reclaims
+//   release.cpp        giving memory back: trim, release_cached, segments
+//   diagnostics.cpp    invariants, reports, the out-of-memory message
+//
+// The small functions every request passes through (the free index, the page
+// arithmetic) are defined here, inline, so splitting the files costs the hot
+// path no call.
+#pragma once
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "../../detail/flat_map.hpp"
+#include "../../detail/free_index.hpp"
+#include "glossary.hpp"
+#include "page_map.hpp"
+#include "stream_slots.hpp"
+#include "vramkit/mr/pool_resource.hpp"
+
+namespace vramkit {
+
+using detail::block;
+using detail::free_index;
+using detail::round_up;
+using detail::stream_slot;
+
+struct pool_resource::impl {
+  // ---- configuration (set at construction) -------------------------------
+  std::shared_ptr<page_device> pages;          // paged pools
+  std::shared_ptr<device_resource> upstream;   // segmented pools
+  std::shared_ptr<stream_ops> streams;
+  pool_options opt;
+  std::size_t page = 0;      // page size (paged) or segment granularity
+  std::size_t capacity = 0;  // device capacity
+  std::size_t limit = 0;     // reserve limit in force
+  int dev = 0;
+
+  mutable std::mutex mu;  // guards everything below
+  // Page map: the arenas and the pages behind them (page_map.hpp).
+  std::vector<detail::arena*> arenas;  // paged: [small, large]; else segments
+  // Stream slots: every free block is in exactly one slot's index.
+  std::vector<stream_slot> slots;
+  // Live blocks by address; blocks freed while other streams still use them.
+  detail::ptr_map<block*> live;
+  std::vector<block*> pending;
+  // Page supply: created pages in use nowhere, and kept mappings.
+  std::vector<page_handle> spare_handles;  // created, in use nowhere (may keep stale mappings)
+  std::size_t stale = 0;                   // kept mappings of pages not in use there
+  // Page mapping, defer_unmap: old addresses of pages moved from the
+  // requesting stream's own free blocks, unmapped once the event recorded at
+  // the move completes.
+  struct deferred_unmap {
+    detail::arena* a;
+    std::size_t first, count;
+    event_id ev;
+  };
+  std::vector<deferred_unmap> deferred;
+  detail::block_pool blocks;
+
+  // Accounting.
+  std::size_t live_bytes = 0;
+  std::size_t pending_bytes = 0;
+  std::size_t reserved = 0;
+  std::size_t peak_live = 0;
+  std::size_t peak_reserved = 0;
+  std::uint64_t free_seq = 0;  // orders frees against the events that cover them
+  memory_state st;  // counters only (oom_count, retries, upstream_*)
+  pool_counters ctr;
+
+  // ---- entry points (pool_resource.cpp) ----------------------------------
+  void init_common();
+  void init_paged();
+  void init_segmented();
+  ~impl();
+  void* allocate(std::size_t bytes, stream_t stream);
+  free_status deallocate(void* ptr, std::size_t bytes, stream_t stream);
+
+  // ---- placement (placement.cpp) -----------------------------------------
+  block* try_place(std::size_t size, bool small, std::uint32_t slot, stream_t stream);
+  block* best_hollow(std::size_t size, bool small, std::uint32_t slot, std::uintptr_t& at, std::size_t& best_cost);
+  block* best_run(std::size_t size, bool small, std::uint32_t slot, std::uintptr_t& at, std::size_t best_cost);
+  block* join(block* first, block* last);
+  block* carve_run(block* b, std::uintptr_t at, std::size_t size, std::uint32_t slot);
+  void uncarve(block* b, std::uint32_t slot);
+
+  // ---- page supply (page_supply.cpp) -------------------------------------
+  static constexpr int steal_scan = 32;
+  bool may_grow(std::size_t need_live) const;
+  page_handle create_page();
+  std::size_t steal(std::uint32_t slot, std::size_t want, std::vector<page_handle>& out, bool defer = false);
+  bool acquire(std::size_t n, std::size_t need_live, std::uint32_t slot, std::vector<page_handle>& out,
+               std::size_t clean = 0);
+  bool acquire_some(std::size_t n, std::size_t need_live, std::uint32_t slot, std::vector<page_handle>& out,
+                    std::size_t clean);
+  void drop_pages(const std::vector<page_handle>& hs) noexcept;
+
+  // ---- page mapping (page_mapping.cpp) -----------------------------------
+  bool back(detail::arena* a, std::uintptr_t addr, std::size_t size, std::size_t need_live, std::uint32_t slot,
+            std::size_t& newly);
+  static void return_home(const detail::arena* a, std::size_t p0, std::size_t p1, bool edge0, bool edge1,
+                          std::vector<page_handle>& hs);
+  void finish_deferred(std::size_t i);
+  void flush_deferred();
+  void clear_zombies(detail::arena* a, std::size_t p0, std::size_t p1);
+  void settle_deferred(std::size_t mark) noexcept;
+
+  // ---- stream reuse (stream_reuse.cpp) -----------------------------------
+  void process_pending(bool wait);
+  bool reclaim_streams(bool wait);
+  void record_stream(void* ptr, stream_t stream);
+
+  // ---- release (release.cpp) ---------------------------------------------
+  void destroy_spares();
+  void trim_to(std::size_t target);
+  void release_cached();
+  bool grow_segment(std::size_t size, bool small, stream_t stream);
+  std::size_t release_free_segments();
+
+  // ---- diagnostics (diagnostics.cpp) -------------------------------------
+  [[noreturn]] void throw_oom(std::size_t bytes, const char* why);
+  memory_state state() const;
+  void check() const;
+  std::vector<segment_info> segments() const;
+  page_usage usage() const;
+
+  // ---- page arithmetic (inline: every placement uses it) -----------------
+  std::size_t first_page(const block* b) const { return (b->addr - b->ar->base) / page; }
+  std::size_t last_page(const block* b) const { return (b->addr + b->size - 1 - b->ar->base) / page; }
+  // Pages lying wholly inside [addr, addr+size).
+  std::size_t interior_pages(const block* b) const {
+    if (!b->ar->paged) return 0;
+    std::size_t lo = round_up(b->addr - b->ar->base, page) / page;
+    std::size_t hi = (b->addr + b->size - b->ar->base) / page;
+    return hi > lo ? hi - lo : 0;
+  }
+  bool stealable(const block* b) const { return b->ar->paged && interior_pages(b) > b->unmapped; }
+  std::size_t unmapped_inside(const detail::arena* a, std::uintptr_t addr, std::size_t size) const {
+    return detail::unmapped_inside(a, page, addr, size);
+  }
+  // Free blocks the requester of `slot` may take together with its own: its
+  // stream's and the shared slot's (adjacent free blocks of one slot are
+  // always merged, so a run alternates between the two).
+  static bool runs_with(const block* x, std::uint32_t slot) {
+    return x && x->state == block::free_state && (x->slot == slot || x->slot == 0);
+  }
+
+  // ---- stream slots and the free index (inline: the hot path) ------------
+  // ---- slots -------------------------------------------------------------
+  std::uint32_t slot_for(stream_t s) {
+    for (std::uint32_t i = 1; i < slots.size(); ++i)
+      if (slots[i].stream == s) return i;
+    slots.emplace_back();
+    slots.back().stream = s;
+    return static_cast<std::uint32_t>(slots.size() - 1);
+  }
+
+  void insert_free(block* b, std::uint32_t slot) {
+    auto& s = slots[slot];
+    b->state = block::free_state;
+    b->slot = slot;
+    b->hollow = b->unmapped > 0;
+    (b->hollow ? s.hollow : s.backed)[b->ar->small].insert(b);
+    if (stealable(b)) s.steal_link(b);
+    ++s.free_blocks;
+  }
+
+  void remove_free(block* b) {
+    auto& s = slots[b->slot];
+    (b->hollow ? s.hollow : s.backed)[b->ar->small].remove(b);
+    s.steal_unlink(b);
+    --s.free_blocks;
+  }
+
+  // Frees b into `slot`, merging with free neighbours of the same slot.
+  void make_free(block* b, std::uint32_t slot, std::uint64_t seq) {
+    b->requested = 0;
+    b->seq = seq;
+    if (block* p = b->prev; p && p->state == block::free_state && p->slot == slot) {
+      remove_free(p);
+      p->size += b->size;
+      p->unmapped += b->unmapped;
+      p->seq = std::max(p->seq, b->seq);
+      p->next = b->next;
+      if (b->next) b->next->prev = p;
+      blocks.recycle(b);
+      b = p;
+    }
+    if (block* n = b->next; n && n->state == block::free_state && n->slot == slot) {
+      remove_free(n);
+      b->size += n->size;
+      b->unmapped += n->unmapped;
+      b->seq = std::max(b->seq, n->seq);
+      b->next = n->next;
+      if (n->next) n->next->prev = b;
+      blocks.recycle(n);
+    }
+    insert_free(b, slot);
+  }
+
+  block* find_fit(std::size_t size, bool small, std::uint32_t slot, bool hollow) {
+    const std::uint32_t order[2] = {slot, 0};
+    const int n = slot == 0 ? 1 : 2;
+    // The tighter of the stream's own fit and the shared one (lower address on ties).
+    block* best = nullptr;
+    for (int i = 0; i < n; ++i) {
+      auto& s = slots[order[i]];
+      auto& idx = (hollow ? s.hollow : s.backed)[small];
+      if (block* b = idx.find(size)) {
+        if (!best || b->size < best->size || (b->size == best->size && b->addr < best->addr)) best = b;
+        if (best->size == size) break;
+      }
+    }
+    return best;
+  }
+
+  block* find_fit_exhaustive(std::size_t size, bool small, std::uint32_t slot) {
+    const std::uint32_t order[2] = {slot, 0};
+    const int n = slot == 0 ? 1 : 2;
+    for (int i = 0; i < n; ++i)
+      if (block* b = slots[order[i]].backed[small].find_in_bin(size)) return b;
+    return nullptr;
+  }
+
+  void* finish(block* b, std::size_t bytes, stream_t stream) {
+    b->state = block::live_state;
+    b->requested = bytes;
+    b->stream = stream;
+    live.insert(b->addr, b);
+    live_bytes += b->size;
+    if (live_bytes > peak_live) peak_live = live_bytes;
+    return reinterpret_cast<void*>(b->addr);
+  }
+};
+
+}  // namespace vramkit
