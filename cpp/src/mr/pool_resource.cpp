@@ -13,7 +13,7 @@ namespace vramkit {
 // ---- setup -------------------------------------------------------------
 void pool_resource::impl::init_common() {
   opt.validate();
-  slots.emplace_back();  // slot 0: shared
+  slots.set_page(page);
   limit = opt.reserve_limit ? std::min(opt.reserve_limit, capacity) : capacity;
 }
 
@@ -46,7 +46,7 @@ void pool_resource::impl::init_paged() {
     b->unmapped = np;
     a->first = b;
     arenas.push_back(a);
-    insert_free(b, 0);
+    slots.insert(b, 0);
   }
 }
 
@@ -101,7 +101,7 @@ void* pool_resource::impl::allocate(std::size_t bytes, stream_t stream) {
   if (bytes > limit) throw_oom(bytes, "the request is larger than the ");
   std::size_t size = round_up(bytes, opt.alignment);
   bool small = size <= opt.small_threshold;
-  std::uint32_t slot = slot_for(stream);
+  std::uint32_t slot = slots.slot_for(stream);
   if (!pending.empty()) process_pending(false);
   if (block* b = try_place(size, small, slot, stream)) return finish(b, bytes, stream);
   // Slow path: take other streams' finished frees, then wait for them,
@@ -145,7 +145,7 @@ free_status pool_resource::impl::deallocate(void* ptr, std::size_t bytes, stream
     return free_status::ok;
   }
   b->unmapped = 0;
-  make_free(b, slot_for(b->stream), ++free_seq);
+  slots.free_into(b, slots.slot_for(b->stream), ++free_seq, blocks);
   if (opt.release_threshold != std::numeric_limits<std::size_t>::max()) trim_to(opt.release_threshold);
   return free_status::ok;
 }

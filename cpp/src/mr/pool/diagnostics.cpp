@@ -9,8 +9,7 @@
 namespace vramkit {
 
 void pool_resource::impl::throw_oom(std::size_t bytes, const char* why) {
-  std::size_t largest = 0;
-  for (auto& s : slots) largest = std::max({largest, s.backed[0].largest(), s.backed[1].largest()});
+  std::size_t largest = slots.largest_backed();
   std::size_t cached = reserved > live_bytes ? reserved - live_bytes : 0;
   double frag = live_bytes ? static_cast<double>(reserved) / static_cast<double>(live_bytes) : 0.0;
   std::string m = "vramkit: out of memory on device " + std::to_string(dev) + " (" +
@@ -30,8 +29,7 @@ memory_state pool_resource::impl::state() const {
   s.reserved_bytes = reserved;
   s.cached_bytes = reserved > live_bytes ? reserved - live_bytes : 0;
   s.pending_free_bytes = pending_bytes;
-  for (auto& sl : slots)
-    s.largest_free_bytes = std::max({s.largest_free_bytes, sl.backed[0].largest(), sl.backed[1].largest()});
+  s.largest_free_bytes = std::max(s.largest_free_bytes, slots.largest_backed());
   s.largest_free_bytes = std::min(s.largest_free_bytes, s.cached_bytes);
   s.capacity_bytes = limit;
   s.peak_live_bytes = peak_live;

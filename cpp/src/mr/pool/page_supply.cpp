@@ -79,11 +79,7 @@ std::size_t pool_resource::impl::steal(std::uint32_t slot, std::size_t want, std
     a->set_mapped(q, false);
   }
   ctr.pages_remapped += k;
-  (b->hollow ? s.hollow : s.backed)[b->ar->small].remove(b);
-  b->unmapped += k;
-  b->hollow = true;
-  s.hollow[b->ar->small].insert(b);
-  if (!stealable(b)) s.steal_unlink(b);
+  slots.pages_taken(b, k);
   return k;
 }
 

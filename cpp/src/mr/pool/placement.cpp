@@ -150,7 +150,7 @@ block* pool_resource::impl::carve_run(block* b, std::uintptr_t at, std::size_t s
   block* l = f;
   while (l->addr + l->size < at + size) l = l->next;
   for (block* x = f;; x = x->next) {
-    remove_free(x);
+    slots.remove(x);
     if (x == l) break;
   }
   detail::arena* a = b->ar;
@@ -181,7 +181,7 @@ block* pool_resource::impl::carve_run(block* b, std::uintptr_t at, std::size_t s
   for (block* x : {left, right, m}) {
     if (!x) continue;
     x->unmapped = unmapped_inside(a, x->addr, x->size);
-    insert_free(x, x == m ? slot : x->slot);
+    slots.insert(x, x == m ? slot : x->slot);
   }
   return m;
 }
@@ -195,23 +195,23 @@ void pool_resource::impl::uncarve(block* b, std::uint32_t slot) {
   block* last = b;
   while (runs_with(last->next, slot)) last = last->next;
   for (block* x = first;; x = x->next) {
-    if (x != b) remove_free(x);
+    if (x != b) slots.remove(x);
     if (x == last) break;
   }
   block* m = join(first, last);
   m->unmapped = unmapped_inside(m->ar, m->addr, m->size);
-  insert_free(m, slot);
+  slots.insert(m, slot);
 }
 
 block* pool_resource::impl::try_place(std::size_t size, bool small, std::uint32_t slot, stream_t stream) {
-  block* b = find_fit(size, small, slot, false);
+  block* b = slots.find_fit(size, small, slot, false);
   // Before taking fresh pages, let other streams' finished frees serve.
-  if (!b && slots.size() > 2 && reclaim_streams(false)) b = find_fit(size, small, slot, false);
+  if (!b && slots.size() > 2 && reclaim_streams(false)) b = slots.find_fit(size, small, slot, false);
   // Every block of the request's own bin, before mapping anything new.
-  if (!b) b = find_fit_exhaustive(size, small, slot);
+  if (!b) b = slots.find_fit_exhaustive(size, small, slot);
   // Hollow space: where the fewest pages must be mapped.
   std::uintptr_t at = 0;
-  if (!b && upstream) b = find_fit(size, small, slot, true);
+  if (!b && upstream) b = slots.find_fit(size, small, slot, true);
   if (!b && !upstream) {
     std::size_t cost = 0;
     b = best_hollow(size, small, slot, at, cost);  // cost: all ones when none fits
@@ -220,7 +220,7 @@ block* pool_resource::impl::try_place(std::size_t size, bool small, std::uint32_
   }
   if (!b && upstream) {
     if (!grow_segment(size, small, stream)) return nullptr;
-    b = find_fit(size, small, slot, false);
+    b = slots.find_fit(size, small, slot, false);
   }
   if (!b) return nullptr;
   const bool carved = at && (at < b->addr || at + size > b->addr + b->size);
@@ -229,7 +229,7 @@ block* pool_resource::impl::try_place(std::size_t size, bool small, std::uint32_
     at = b->addr;
   }
   std::uint32_t from = b->slot;
-  remove_free(b);
+  slots.remove(b);
   detail::arena* a = b->ar;
   const bool split_left = at > b->addr;
   if (split_left) {
@@ -247,7 +247,7 @@ block* pool_resource::impl::try_place(std::size_t size, bool small, std::uint32_
     b->unmapped -= l->unmapped;
     b->size -= l->size;
     b->addr = at;
-    insert_free(l, from);
+    slots.insert(l, from);
   }
   // Not free while being placed: a merge triggered below must not absorb it.
   b->state = block::live_state;
@@ -271,7 +271,7 @@ block* pool_resource::impl::try_place(std::size_t size, bool small, std::uint32_
     r->unmapped = b->unmapped - un_l;
     r->seq = b->seq;
     b->size = size;
-    insert_free(r, from);
+    slots.insert(r, from);
   }
   if (un_l) {
     // On failure b is free again, where it came from. While pages were
@@ -291,7 +291,7 @@ block* pool_resource::impl::try_place(std::size_t size, bool small, std::uint32_
         to = b->next->slot;
       else if (split_left && b->prev && b->prev->state == block::free_state && b->prev->slot != from)
         to = b->prev->slot;  // (only one side can share a page: see best_hollow)
-      make_free(b, to, b->seq);
+      slots.free_into(b, to, b->seq, blocks);
     };
     bool ok = false;
     std::size_t newly = 0;

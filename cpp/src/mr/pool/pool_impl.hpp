@@ -34,7 +34,6 @@ namespace vramkit {
 using detail::block;
 using detail::free_index;
 using detail::round_up;
-using detail::stream_slot;
 
 struct pool_resource::impl {
   // ---- configuration (set at construction) -------------------------------
@@ -51,7 +50,7 @@ struct pool_resource::impl {
   // Page map: the arenas and the pages behind them (page_map.hpp).
   std::vector<detail::arena*> arenas;  // paged: [small, large]; else segments
   // Stream slots: every free block is in exactly one slot's index.
-  std::vector<stream_slot> slots;
+  detail::slot_table slots;
   // Live blocks by address; blocks freed while other streams still use them.
   detail::ptr_map<block*> live;
   std::vector<block*> pending;
@@ -139,13 +138,7 @@ struct pool_resource::impl {
   std::size_t first_page(const block* b) const { return (b->addr - b->ar->base) / page; }
   std::size_t last_page(const block* b) const { return (b->addr + b->size - 1 - b->ar->base) / page; }
   // Pages lying wholly inside [addr, addr+size).
-  std::size_t interior_pages(const block* b) const {
-    if (!b->ar->paged) return 0;
-    std::size_t lo = round_up(b->addr - b->ar->base, page) / page;
-    std::size_t hi = (b->addr + b->size - b->ar->base) / page;
-    return hi > lo ? hi - lo : 0;
-  }
-  bool stealable(const block* b) const { return b->ar->paged && interior_pages(b) > b->unmapped; }
+  std::size_t interior_pages(const block* b) const { return detail::interior_pages(b, page); }
   std::size_t unmapped_inside(const detail::arena* a, std::uintptr_t addr, std::size_t size) const {
     return detail::unmapped_inside(a, page, addr, size);
   }
@@ -156,83 +149,7 @@ struct pool_resource::impl {
     return x && x->state == block::free_state && (x->slot == slot || x->slot == 0);
   }
 
-  // ---- stream slots and the free index (inline: the hot path) ------------
-  // ---- slots -------------------------------------------------------------
-  std::uint32_t slot_for(stream_t s) {
-    for (std::uint32_t i = 1; i < slots.size(); ++i)
-      if (slots[i].stream == s) return i;
-    slots.emplace_back();
-    slots.back().stream = s;
-    return static_cast<std::uint32_t>(slots.size() - 1);
-  }
-
-  void insert_free(block* b, std::uint32_t slot) {
-    auto& s = slots[slot];
-    b->state = block::free_state;
-    b->slot = slot;
-    b->hollow = b->unmapped > 0;
-    (b->hollow ? s.hollow : s.backed)[b->ar->small].insert(b);
-    if (stealable(b)) s.steal_link(b);
-    ++s.free_blocks;
-  }
-
-  void remove_free(block* b) {
-    auto& s = slots[b->slot];
-    (b->hollow ? s.hollow : s.backed)[b->ar->small].remove(b);
-    s.steal_unlink(b);
-    --s.free_blocks;
-  }
-
-  // Frees b into `slot`, merging with free neighbours of the same slot.
-  void make_free(block* b, std::uint32_t slot, std::uint64_t seq) {
-    b->requested = 0;
-    b->seq = seq;
-    if (block* p = b->prev; p && p->state == block::free_state && p->slot == slot) {
-      remove_free(p);
-      p->size += b->size;
-      p->unmapped += b->unmapped;
-      p->seq = std::max(p->seq, b->seq);
-      p->next = b->next;
-      if (b->next) b->next->prev = p;
-      blocks.recycle(b);
-      b = p;
-    }
-    if (block* n = b->next; n && n->state == block::free_state && n->slot == slot) {
-      remove_free(n);
-      b->size += n->size;
-      b->unmapped += n->unmapped;
-      b->seq = std::max(b->seq, n->seq);
-      b->next = n->next;
-      if (n->next) n->next->prev = b;
-      blocks.recycle(n);
-    }
-    insert_free(b, slot);
-  }
-
-  block* find_fit(std::size_t size, bool small, std::uint32_t slot, bool hollow) {
-    const std::uint32_t order[2] = {slot, 0};
-    const int n = slot == 0 ? 1 : 2;
-    // The tighter of the stream's own fit and the shared one (lower address on ties).
-    block* best = nullptr;
-    for (int i = 0; i < n; ++i) {
-      auto& s = slots[order[i]];
-      auto& idx = (hollow ? s.hollow : s.backed)[small];
-      if (block* b = idx.find(size)) {
-        if (!best || b->size < best->size || (b->size == best->size && b->addr < best->addr)) best = b;
-        if (best->size == size) break;
-      }
-    }
-    return best;
-  }
-
-  block* find_fit_exhaustive(std::size_t size, bool small, std::uint32_t slot) {
-    const std::uint32_t order[2] = {slot, 0};
-    const int n = slot == 0 ? 1 : 2;
-    for (int i = 0; i < n; ++i)
-      if (block* b = slots[order[i]].backed[small].find_in_bin(size)) return b;
-    return nullptr;
-  }
-
+  // ---- a placed block becomes live (inline: the hot path) ----------------
   void* finish(block* b, std::size_t bytes, stream_t stream) {
     b->state = block::live_state;
     b->requested = bytes;

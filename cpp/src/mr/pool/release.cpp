@@ -81,7 +81,7 @@ bool pool_resource::impl::grow_segment(std::size_t size, bool small, stream_t st
   ++ctr.segments_allocated;
   ++st.upstream_allocs;
   st.upstream_alloc_bytes += seg;
-  insert_free(b, 0);
+  slots.insert(b, 0);
   return true;
 }
 
@@ -91,7 +91,7 @@ std::size_t pool_resource::impl::release_free_segments() {
     detail::arena* a = arenas[i];
     block* b = a->first;
     if (!a->paged && b->state == block::free_state && b->size == a->size) {
-      remove_free(b);
+      slots.remove(b);
       blocks.recycle(b);
       upstream->deallocate(reinterpret_cast<void*>(a->base), a->size, 0);
       reserved -= a->size;

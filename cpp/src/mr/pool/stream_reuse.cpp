@@ -31,7 +31,7 @@ void pool_resource::impl::process_pending(bool wait) {
     pending_bytes -= b->size;
     pending[i] = pending.back();
     pending.pop_back();
-    make_free(b, slot_for(b->stream), ++free_seq);
+    slots.free_into(b, slots.slot_for(b->stream), ++free_seq, blocks);
   }
 }
 
@@ -61,8 +61,8 @@ bool pool_resource::impl::reclaim_streams(bool wait) {
           if (b->seq <= s.event_seq) take.push_back(b);
         });
       for (block* b : take) {
-        remove_free(b);
-        make_free(b, 0, b->seq);
+        slots.remove(b);
+        slots.free_into(b, 0, b->seq, blocks);
         moved = true;
       }
       ctr.stream_reclaims += take.size();
