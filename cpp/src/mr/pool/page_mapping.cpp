@@ -10,7 +10,7 @@ namespace vramkit {
 
 // Maps every unmapped page overlapping [addr, addr+size) of arena a.
 bool pool_resource::impl::back(detail::arena* a, std::uintptr_t addr, std::size_t size, std::size_t need_live,
-          std::uint32_t slot, std::size_t& newly) {
+                               std::uint32_t slot, std::size_t& newly) {
   std::size_t p0 = (addr - a->base) / page, p1 = (addr + size - 1 - a->base) / page;
   std::size_t n = 0;
   for (std::size_t p = p0; p <= p1; ++p) n += !a->mapped(p);
@@ -105,7 +105,7 @@ bool pool_resource::impl::back(detail::arena* a, std::uintptr_t addr, std::size_
 // [p0, p1]) where it is still mapped, if that is one of those pages.
 // The clean pages at the edges stay where they are.
 void pool_resource::impl::return_home(const detail::arena* a, std::size_t p0, std::size_t p1, bool edge0, bool edge1,
-                        std::vector<page_handle>& hs) {
+                                      std::vector<page_handle>& hs) {
   thread_local std::vector<std::pair<page_handle, std::size_t>> where;  // page -> index in hs
   thread_local std::vector<std::size_t> slot_of;                        // index in hs -> page of the arena
   where.clear();

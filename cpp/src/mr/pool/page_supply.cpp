@@ -33,7 +33,8 @@ page_handle pool_resource::impl::create_page() {
 // block of `slot` (one contiguous run, from its high end; unmapped in one
 // call, or kept mapped there with keep_mappings) and
 // appends their physical pages to out. Returns how many it took.
-std::size_t pool_resource::impl::steal(std::uint32_t slot, std::size_t want, std::vector<page_handle>& out, bool defer) {
+std::size_t pool_resource::impl::steal(std::uint32_t slot, std::size_t want, std::vector<page_handle>& out,
+                                       bool defer) {
   auto& s = slots[slot];
   block* b = s.steal_head;
   if (!b || want == 0) return 0;
@@ -124,8 +125,8 @@ void pool_resource::impl::drop_pages(const std::vector<page_handle>& hs) noexcep
 // slot) are remapped without waiting; the requester's own stream is waited
 // for only when the device is otherwise full (or, with wait_to_remap,
 // before growing past the slack).
-bool pool_resource::impl::acquire(std::size_t n, std::size_t need_live, std::uint32_t slot, std::vector<page_handle>& out,
-             std::size_t clean) {
+bool pool_resource::impl::acquire(std::size_t n, std::size_t need_live, std::uint32_t slot,
+                                  std::vector<page_handle>& out, std::size_t clean) {
   out.clear();
   try {
     if (acquire_some(n, need_live, slot, out, clean)) return true;
@@ -145,8 +146,8 @@ bool pool_resource::impl::acquire(std::size_t n, std::size_t need_live, std::uin
   return false;
 }
 
-bool pool_resource::impl::acquire_some(std::size_t n, std::size_t need_live, std::uint32_t slot, std::vector<page_handle>& out,
-                  std::size_t clean) {
+bool pool_resource::impl::acquire_some(std::size_t n, std::size_t need_live, std::uint32_t slot,
+                                       std::vector<page_handle>& out, std::size_t clean) {
   bool reclaimed = false, waited = false;
   // Pages of the requester's own free blocks, once its stream's queued work is done.
   auto wait_and_steal_own = [&] {

@@ -14,7 +14,8 @@ namespace vramkit {
 // The free block with unmapped pages, and the place inside it, where a block
 // of `size` needs the fewest new pages (a rare path: every hollow candidate
 // of the two slots is looked at).
-block* pool_resource::impl::best_hollow(std::size_t size, bool small, std::uint32_t slot, std::uintptr_t& at, std::size_t& best_cost) {
+block* pool_resource::impl::best_hollow(std::size_t size, bool small, std::uint32_t slot, std::uintptr_t& at,
+                                        std::size_t& best_cost) {
   block* best = nullptr;
   best_cost = ~std::size_t{0};
   const std::uint32_t order[2] = {slot, 0};
@@ -87,7 +88,8 @@ block* pool_resource::impl::best_hollow(std::size_t size, bool small, std::uint3
 // start and at the end of such a run. A block at the edge of mapped memory
 // then takes the free pages below the edge instead of only fresh ones past
 // it. Returns a block of the run, with `at`, when cheaper than `best_cost`.
-block* pool_resource::impl::best_run(std::size_t size, bool small, std::uint32_t slot, std::uintptr_t& at, std::size_t best_cost) {
+block* pool_resource::impl::best_run(std::size_t size, bool small, std::uint32_t slot, std::uintptr_t& at,
+                                     std::size_t best_cost) {
   block* best = nullptr;
   if (slot == 0) return nullptr;
   const std::uint32_t order[2] = {slot, 0};

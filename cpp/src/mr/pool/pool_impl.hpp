@@ -10,9 +10,11 @@
 //   release.cpp        giving memory back: trim, release_cached, segments
 //   diagnostics.cpp    invariants, reports, the out-of-memory message
 //
-// The small functions every request passes through (the free index, the page
-// arithmetic) are defined here, inline, so splitting the files costs the hot
-// path no call.
+// and two headers of state with its own invariants: page_map.hpp (an arena
+// and its pages) and stream_slots.hpp (slot_table: the free blocks of every
+// stream). The small functions every request passes through (the free index,
+// the page arithmetic, finish) are inline there or here, so splitting the
+// files costs the hot path no call.
 #pragma once
 #include <algorithm>
 #include <cstddef>
