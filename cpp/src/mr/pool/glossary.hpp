@@ -40,6 +40,8 @@
 //                block becomes (more) hollow. Also "remap": pages_remapped.
 //   reclaim      Handing one stream's free blocks to slot 0 once an event
 //                recorded on that stream after they were freed has completed.
+//   seq          When a free block was freed (free_seq counts frees): a slot's
+//                reclaim event covers the blocks with seq <= its event_seq.
 //   run          Free blocks next to each other that one requester may take
 //                together (its own slot's and slot 0's): placement may carve
 //                a block out of a run across several of them.
@@ -69,6 +71,8 @@
 //                an address that still maps it (a reused mapping, no call).
 //
 // Growth and release
+//   need live    The live bytes once the block being placed is handed out;
+//                growth is measured against it and against the peak live.
 //   growth slack Without waiting for a stream, the pool creates a new page only
 //                while reserved stays within (1 + growth_slack) x peak live;
 //                past it, it steals first.

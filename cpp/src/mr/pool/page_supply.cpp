@@ -10,6 +10,10 @@
 
 namespace vramkit {
 
+// Whether a new page may be created before any free page is moved: within the
+// reserve limit and, when remapping, within growth_slack of the live peak
+// (a block about to hold need_live bytes counts), so the pool reuses its own
+// free pages rather than grow with every new shape of request.
 bool pool_resource::impl::may_grow(std::size_t need_live) const {
   if (reserved + page > limit) return false;
   if (!opt.remap) return true;
@@ -17,6 +21,7 @@ bool pool_resource::impl::may_grow(std::size_t need_live) const {
          (1.0 + opt.growth_slack) * static_cast<double>(std::max(need_live, peak_live));
 }
 
+// A new physical page from the device (0 when it has none left), counted.
 page_handle pool_resource::impl::create_page() {
   page_handle h = pages->create();
   if (h) {
