@@ -8,6 +8,15 @@
 
 #include "pool/pool_impl.hpp"
 
+// The parts, in this one translation unit: calls between them inline as
+// within one file (CMakeLists.txt leaves them out of the source list).
+#include "pool/diagnostics.cpp"
+#include "pool/page_mapping.cpp"
+#include "pool/page_supply.cpp"
+#include "pool/placement.cpp"
+#include "pool/release.cpp"
+#include "pool/stream_reuse.cpp"
+
 namespace vramkit {
 
 // ---- setup -------------------------------------------------------------
