@@ -11,6 +11,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <map>
 #include <random>
@@ -181,6 +182,11 @@ void run(const config& c, std::uint64_t seed, int iters) {
     stream_t s;
   };
   std::vector<held> live;
+  // VRAMKIT_STREAM_DIGEST=1: one line per run with the pool's counters and a
+  // hash of every address it handed out, to compare two builds of the pool.
+  std::uint64_t digest = 14695981039346656037ull;
+  pool_counters final_counters;
+  std::size_t final_peak = 0;
   {
     pool_resource pool(dev, std::make_shared<model_streams>(w), o);
     auto stream = [&] { return static_cast<stream_t>(1 + w.rnd(static_cast<std::size_t>(c.nstreams))); };
@@ -197,6 +203,7 @@ void run(const config& c, std::uint64_t seed, int iters) {
         }
         if (p) {
           auto a = reinterpret_cast<std::uintptr_t>(p);
+          digest = (digest ^ a) * 1099511628211ull;
           w.check_block(a, n, s);
           live.push_back({a, n, s});
           w.mark_use(a, n, s);
@@ -228,8 +235,20 @@ void run(const config& c, std::uint64_t seed, int iters) {
       w.prune();
     }
     for (auto& b : live) pool.deallocate_checked(reinterpret_cast<void*>(b.p), 0, b.s);
+    final_counters = pool.counters();
+    final_peak = pool.state().peak_reserved_bytes;
     // A program destroys a pool only after its work is done (the destructor does not wait).
     std::copy(w.queued, w.queued + 8, w.completed);
+  }
+  if (std::getenv("VRAMKIT_STREAM_DIGEST")) {
+    const pool_counters& k = final_counters;
+    std::printf("digest streams %d progress %d faults %d defer %d slack %.2f keep %d seed %llu: addrs %016llx "
+                "peak_reserved %zu created %zu destroyed %zu mapped %zu unmapped %zu remapped %zu reused %zu "
+                "map_calls %zu reclaims %zu deferred %zu deferred_waits %zu\n",
+                c.nstreams, c.progress, c.fault_every, int{c.defer}, c.growth_slack, int{c.keep_mappings},
+                static_cast<unsigned long long>(seed), static_cast<unsigned long long>(digest), final_peak,
+                k.pages_created, k.pages_destroyed, k.pages_mapped, k.pages_unmapped, k.pages_remapped,
+                k.mappings_reused, k.map_calls, k.stream_reclaims, k.pages_deferred, k.deferred_waits);
   }
   EXPECT_EQ(w.va_races, 0) << "a block overlapped memory another stream's pending work uses";
   EXPECT_EQ(w.byte_races, 0) << "a block shared physical bytes with another stream's pending work";

@@ -1,0 +1,88 @@
+// The caching pool's words, each as the code uses it. docs/pool-design.md
+// draws how a request flows through the parts; this header names things.
+//
+// Memory
+//   arena        A contiguous address range the pool places blocks in. A paged
+//                pool has two, each a large virtual reservation backed page by
+//                page: [0] large, [1] small (requests <= small_threshold). A
+//                pool over a non-paged upstream has one arena per segment.
+//   segment      (Non-paged upstreams) one allocation taken from the upstream,
+//                carved into blocks; given back whole once wholly free.
+//   page         The pool's unit of physical memory (page_size, a multiple of
+//                the device granularity). A page handle names one physical
+//                page; `handles[p]` is the page in use at page p of an arena.
+//   top          One past the highest page of an arena ever mapped: nothing is
+//                mapped or in use above it.
+//   block        A piece of an arena: live (handed out), free (in a slot's
+//                index) or pending. Blocks tile their arena in address order.
+//   pending      A block freed while streams other than its own (freed on
+//                another stream, record_stream) may still use it; it waits
+//                for their events before it becomes free.
+//   interior     The pages lying wholly inside a block. Pages at its edges it
+//     pages      may share with its neighbours.
+//
+// Free blocks
+//   slot         The free blocks of one stream (a stream slot). Slot 0 is
+//                shared: its blocks' work is known complete, any stream may
+//                take them. A block freed on its own stream goes to that
+//                stream's slot; adjacent free blocks of one slot are merged.
+//   backed       A free block all of whose interior pages are mapped: it can be
+//                handed out without mapping anything.
+//   hollow       A free block with unmapped interior pages (`unmapped` counts
+//                them): handing it out means mapping pages first.
+//   bin          A size class of the free index (free_index.hpp): a fit is two
+//                bitmap scans; an exhaustive fit looks at every block of the
+//                request's own bin.
+//   stealable    A free block with at least one mapped interior page; it is on
+//                its slot's steal list (oldest first).
+//   steal        Taking mapped interior pages out of a free block (one run,
+//                from its high end) so they can back another block: the free
+//                block becomes (more) hollow. Also "remap": pages_remapped.
+//   reclaim      Handing one stream's free blocks to slot 0 once an event
+//                recorded on that stream after they were freed has completed.
+//   seq          When a free block was freed (free_seq counts frees): a slot's
+//                reclaim event covers the blocks with seq <= its event_seq.
+//   run          Free blocks next to each other that one requester may take
+//                together (its own slot's and slot 0's): placement may carve
+//                a block out of a run across several of them.
+//   carve        Cutting a place found across a run into one free block of the
+//                requester (uncarve: putting the run back when backing fails).
+//
+// Pages and mappings
+//   spare        A created page in use nowhere (after a failed or partial
+//                placement, or a steal not yet used). Spares are used first.
+//   kept mapping With keep_mappings, a stolen page stays mapped at its old
+//                address (`phys[p]` != 0 while `handles[p]` == 0): if it comes
+//                back there (return home) no map call is needed.
+//   stale        Such a kept mapping: mapped at an address where the page is
+//                not in use. `stale` counts them; a page is destroyed only once
+//                no stale mapping of it is left.
+//   zombie       With defer_unmap, an old address of a page stolen from the
+//                requester's own free block while work queued on its stream
+//                may still use it: still mapped, logically gone; unmapped (or
+//                kept as an ordinary stale mapping) once the event recorded at
+//                the steal completes. Also "deferred" in the counters.
+//   settle       End every zombie's wait now (waiting for its event), before a
+//                page may become a spare or be destroyed.
+//   clean page   A page for the edges of a block being backed: never one moved
+//                with its old address kept by defer_unmap, because the edge
+//                page is shared with neighbours other streams may reach.
+//   return home  Reordering the pages supplied for a block so each goes back to
+//                an address that still maps it (a reused mapping, no call).
+//
+// Growth and release
+//   need live    The live bytes once the block being placed is handed out;
+//                growth is measured against it and against the peak live.
+//   growth slack Without waiting for a stream, the pool creates a new page only
+//                while reserved stays within (1 + growth_slack) x peak live;
+//                past it, it steals first.
+//   reserve      The most physical memory the pool may hold (reserve_limit, or
+//     limit      the device capacity); set_reserve_limit trims down to it.
+//   trim         Giving cached pages back until cached <= a target: spares
+//                first, then pages stolen from shared free blocks.
+//   release      release_cached: wait for every stream, then trim to 0.
+//     cached
+//   OOM path     When nothing fits: reclaim streams, wait for pending frees and
+//                for every stream, settle zombies, destroy the spares (or free
+//                whole segments), try once more, else throw out_of_memory.
+#pragma once

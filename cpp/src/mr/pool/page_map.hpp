@@ -1,0 +1,92 @@
+// The page map: one arena (a contiguous address range) and, when it is
+// paged, which physical page backs each of its pages and which the device
+// still maps there. Words used here are defined in glossary.hpp.
+#pragma once
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "../../detail/free_index.hpp"
+#include "vramkit/platform/page_device.hpp"
+
+namespace vramkit::detail {
+
+// One contiguous address range: the whole virtual reservation of a paged
+// arena, or one segment taken from a non-paged upstream.
+struct arena {
+  std::uintptr_t base = 0;
+  std::size_t size = 0;
+  bool paged = false;
+  bool small = false;
+  block* first = nullptr;
+  // Paged only: the physical page behind each page of the range (0 = none).
+  std::vector<page_handle> handles;
+  std::vector<std::uint64_t> mapped_bits;
+  // Paged only: the page the device maps at each page of the range. Equal
+  // to handles[p] where mapped; elsewhere 0 or a kept (stale) mapping of a
+  // page now in use at another address or spare (keep_mappings).
+  std::vector<page_handle> phys;
+  std::size_t top = 0;  // one past the highest page ever mapped
+  // defer_unmap: pages moved away while work queued before their free may
+  // still use this address; physically still mapped here, logically not.
+  std::vector<std::uint64_t> zombie_bits;
+
+  bool mapped(std::size_t p) const { return mapped_bits[p >> 6] >> (p & 63) & 1; }
+  bool zombie(std::size_t p) const { return zombie_bits[p >> 6] >> (p & 63) & 1; }
+  void set_zombie(std::size_t p, bool on) {
+    if (on)
+      zombie_bits[p >> 6] |= std::uint64_t{1} << (p & 63);
+    else
+      zombie_bits[p >> 6] &= ~(std::uint64_t{1} << (p & 63));
+  }
+  void set_mapped(std::size_t p, bool on) {
+    if (on)
+      mapped_bits[p >> 6] |= std::uint64_t{1} << (p & 63);
+    else
+      mapped_bits[p >> 6] &= ~(std::uint64_t{1} << (p & 63));
+  }
+};
+
+constexpr std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
+
+// The highest mapped page in [lo, hi], or lo when none is (a word at a time).
+inline std::size_t last_mapped_page(const arena* a, std::size_t lo, std::size_t hi) {
+  std::size_t p = hi + 1;
+  while (p > lo) {
+    std::size_t w = (p - 1) >> 6;
+    std::uint64_t bits = a->mapped_bits[w];
+    std::size_t top = (p - 1) & 63;
+    bits &= top == 63 ? ~std::uint64_t{0} : ((std::uint64_t{1} << (top + 1)) - 1);
+    if (bits) {
+      std::size_t q = (w << 6) + 63 - static_cast<std::size_t>(std::countl_zero(bits));
+      return q >= lo ? q : lo;
+    }
+    p = w << 6;
+  }
+  return lo;
+}
+
+// Unmapped pages lying wholly inside [addr, addr+size) of arena a (pages of
+// `page` bytes).
+inline std::size_t unmapped_inside(const arena* a, std::size_t page, std::uintptr_t addr, std::size_t size) {
+  std::size_t lo = round_up(addr - a->base, page) / page;
+  std::size_t hi = (addr + size - a->base) / page;
+  if (hi <= lo) return 0;
+  // Mapped pages counted a word at a time (a free block can span the whole arena).
+  std::size_t mapped = 0;
+  for (std::size_t w = lo >> 6; w <= (hi - 1) >> 6; ++w) {
+    std::uint64_t bits = a->mapped_bits[w];
+    if (w == lo >> 6) bits &= ~std::uint64_t{0} << (lo & 63);
+    if (w == (hi - 1) >> 6 && ((hi - 1) & 63) != 63) bits &= (std::uint64_t{1} << (((hi - 1) & 63) + 1)) - 1;
+    mapped += static_cast<std::size_t>(std::popcount(bits));
+  }
+  return (hi - lo) - mapped;
+}
+
+// What mapping page p for a new block costs: nothing if mapped, one page if
+// not, more if its old mapping still waits for a stream (defer_unmap:
+// placing there may mean waiting for the GPU).
+inline std::size_t page_cost(const arena* a, std::size_t p) { return a->mapped(p) ? 0 : a->zombie(p) ? 4 : 1; }
+
+}  // namespace vramkit::detail

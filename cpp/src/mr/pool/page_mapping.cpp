@@ -1,0 +1,188 @@
+// Page mapping: maps supplied pages under a placed block (pages coming back
+// to an address that still maps them cost no call: keep_mappings), and ends
+// the wait of old addresses moved away with defer_unmap.
+#include <algorithm>
+#include <vector>
+
+#include "pool_impl.hpp"
+
+namespace vramkit {
+
+// Maps every unmapped page overlapping [addr, addr+size) of arena a.
+bool pool_resource::impl::back(detail::arena* a, std::uintptr_t addr, std::size_t size, std::size_t need_live,
+                               std::uint32_t slot, std::size_t& newly) {
+  std::size_t p0 = (addr - a->base) / page, p1 = (addr + size - 1 - a->base) / page;
+  std::size_t n = 0;
+  for (std::size_t p = p0; p <= p1; ++p) n += !a->mapped(p);
+  newly = n;
+  if (n == 0) return true;
+  if (!deferred.empty()) {
+    flush_deferred();
+    clear_zombies(a, p0, p1);
+  }
+  // Pages the block shares with its neighbours (partly covered) get clean pages.
+  auto inside = [&](std::size_t p) {
+    return a->base + p * page >= addr && a->base + (p + 1) * page <= addr + size;
+  };
+  const bool edge0 = !inside(p0) && !a->mapped(p0);
+  const bool edge1 = p1 != p0 && !inside(p1) && !a->mapped(p1);
+  const std::size_t clean = std::size_t{edge0} + std::size_t{edge1};
+  thread_local std::vector<page_handle> got, hs;
+  if (!acquire(n, need_live, slot, got, clean)) return false;
+  // In page order: the clean ones at the edges, the rest in between.
+  hs.clear();
+  {
+    std::size_t c = 0, r = clean;
+    for (std::size_t p = p0; p <= p1; ++p)
+      if (!a->mapped(p)) hs.push_back(((p == p0 && edge0) || (p == p1 && edge1)) ? got[c++] : got[r++]);
+  }
+  if (stale) return_home(a, p0, p1, edge0, edge1, hs);
+  std::size_t k = 0;  // pages of hs placed so far
+  std::size_t p = p0;
+  try {
+    while (p <= p1) {
+      if (a->mapped(p)) {
+        ++p;
+        continue;
+      }
+      // A page coming back where it is still mapped costs nothing; the
+      // others replace what stale mapping is there.
+      std::size_t run = p;
+      while (run <= p1 && !a->mapped(run) && (a->phys[run] == hs[k + (run - p)]) == (a->phys[p] == hs[k]))
+        ++run;
+      for (std::size_t q = p; q < run; ++q) a->handles[q] = hs[k + (q - p)];
+      if (a->phys[p] == hs[k]) {
+        stale -= run - p;
+        ctr.mappings_reused += run - p;
+      } else {
+        const bool replaces = pages->map_replaces();
+        for (std::size_t q = p; q < run;) {
+          if (!a->phys[q]) {
+            ++q;
+            continue;
+          }
+          std::size_t e = q;
+          while (e < run && a->phys[e]) a->phys[e++] = 0;
+          if (!replaces) pages->unmap(a->base + q * page, e - q);  // else the map below replaces them
+          stale -= e - q;
+          ctr.pages_unmapped += e - q;
+          q = e;
+        }
+        pages->map(a->base + p * page, &hs[k], run - p);
+        for (std::size_t q = p; q < run; ++q) a->phys[q] = hs[k + (q - p)];
+        a->top = std::max(a->top, run);
+        ctr.pages_mapped += run - p;
+        ++ctr.map_calls;
+      }
+      for (std::size_t q = p; q < run; ++q) a->set_mapped(q, true);
+      k += run - p;
+      p = run;
+    }
+  } catch (...) {
+    // Undo this call: the pages placed so far keep their new mappings as
+    // stale ones and go back to the spares with the rest; the pool stays
+    // as it was, then rethrow.
+    for (std::size_t q = p0; q < p; ++q)
+      if (a->mapped(q) && std::find(hs.begin(), hs.begin() + k, a->handles[q]) != hs.begin() + k) {
+        a->set_mapped(q, false);
+        if (opt.keep_mappings) {
+          ++stale;
+        } else {
+          pages->unmap(a->base + q * page, 1);
+          a->phys[q] = 0;
+        }
+      }
+    for (std::size_t q = p0; q <= p1; ++q)
+      if (!a->mapped(q)) a->handles[q] = 0;
+    settle_deferred(0);
+    spare_handles.insert(spare_handles.end(), hs.begin(), hs.end());
+    throw;
+  }
+  return true;
+}
+
+// Puts each page of hs (placed in page order over the unmapped pages of
+// [p0, p1]) where it is still mapped, if that is one of those pages.
+// The clean pages at the edges stay where they are.
+void pool_resource::impl::return_home(const detail::arena* a, std::size_t p0, std::size_t p1, bool edge0, bool edge1,
+                                      std::vector<page_handle>& hs) {
+  thread_local std::vector<std::pair<page_handle, std::size_t>> where;  // page -> index in hs
+  thread_local std::vector<std::size_t> slot_of;                        // index in hs -> page of the arena
+  where.clear();
+  slot_of.clear();
+  for (std::size_t p = p0; p <= p1; ++p)
+    if (!a->mapped(p)) slot_of.push_back(p);
+  const std::size_t lo = edge0 ? 1 : 0, hi = hs.size() - (edge1 && hs.size() > lo ? 1 : 0);
+  for (std::size_t i = lo; i < hi; ++i) where.emplace_back(hs[i], i);
+  std::sort(where.begin(), where.end());
+  for (std::size_t i = lo; i < hi; ++i) {
+    page_handle want = a->phys[slot_of[i]];
+    if (!want || want == hs[i]) continue;
+    auto it = std::lower_bound(where.begin(), where.end(), std::make_pair(want, std::size_t{0}));
+    if (it == where.end() || it->first != want) continue;
+    std::size_t j = it->second;
+    if (a->phys[slot_of[j]] == want) continue;  // already home there
+    // hs[j] goes home to i; what was at i moves to j.
+    auto jt = std::lower_bound(where.begin(), where.end(), std::make_pair(hs[i], std::size_t{0}));
+    jt->second = j;
+    it->second = i;
+    std::swap(hs[i], hs[j]);
+  }
+}
+
+void pool_resource::impl::finish_deferred(std::size_t i) {
+  deferred_unmap d = deferred[i];
+  // Its stream's work is done: the old mapping becomes an ordinary kept one.
+  if (!opt.keep_mappings) {
+    pages->unmap(d.a->base + d.first * page, d.count);
+    for (std::size_t q = d.first; q < d.first + d.count; ++q) d.a->phys[q] = 0;
+    stale -= d.count;
+    ctr.pages_unmapped += d.count;
+  }
+  for (std::size_t q = d.first; q < d.first + d.count; ++q) d.a->set_zombie(q, false);
+  streams->release(d.ev);
+  deferred[i] = deferred.back();
+  deferred.pop_back();
+}
+
+// Ends the wait of old addresses whose stream work is done (unmapped, or
+// kept as ordinary stale mappings with keep_mappings).
+void pool_resource::impl::flush_deferred() {
+  for (std::size_t i = 0; i < deferred.size();)
+    if (streams->done(deferred[i].ev))
+      finish_deferred(i);
+    else
+      ++i;
+}
+
+// Before pages are mapped in [p0, p1] of arena a: old mappings there go
+// first, after their stream's work (waiting for it if need be).
+void pool_resource::impl::clear_zombies(detail::arena* a, std::size_t p0, std::size_t p1) {
+  for (std::size_t i = 0; i < deferred.size();) {
+    deferred_unmap& d = deferred[i];
+    if (d.a != a || d.first > p1 || d.first + d.count <= p0) {
+      ++i;
+      continue;
+    }
+    if (!streams->done(d.ev)) {
+      streams->wait(d.ev);
+      ++ctr.deferred_waits;
+    }
+    finish_deferred(i);
+  }
+}
+
+// Old addresses waiting since entry `mark` end their wait now, after their
+// stream's work (a page about to become a spare may keep stale mappings,
+// but none that queued work may still use).
+void pool_resource::impl::settle_deferred(std::size_t mark) noexcept {
+  while (deferred.size() > mark) {
+    try {
+      if (!streams->done(deferred.back().ev)) streams->wait(deferred.back().ev);
+    } catch (...) {
+    }
+    finish_deferred(deferred.size() - 1);
+  }
+}
+
+}  // namespace vramkit

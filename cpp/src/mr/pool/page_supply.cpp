@@ -1,0 +1,204 @@
+// Page supply: the physical pages a placement needs, from (in order) the
+// spares, new pages within the growth slack, free pages stolen from shared
+// free blocks, other streams' finished frees, the requester's own free
+// blocks (defer_unmap: at once; else after waiting for its stream), and new
+// pages up to the reserve limit. Also destroys pages given back.
+#include <algorithm>
+#include <vector>
+
+#include "pool_impl.hpp"
+
+namespace vramkit {
+
+// Whether a new page may be created before any free page is moved: within the
+// reserve limit and, when remapping, within growth_slack of the live peak
+// (a block about to hold need_live bytes counts), so the pool reuses its own
+// free pages rather than grow with every new shape of request.
+bool pool_resource::impl::may_grow(std::size_t need_live) const {
+  if (reserved + page > limit) return false;
+  if (!opt.remap) return true;
+  return static_cast<double>(reserved + page) <=
+         (1.0 + opt.growth_slack) * static_cast<double>(std::max(need_live, peak_live));
+}
+
+// A new physical page from the device (0 when it has none left), counted.
+page_handle pool_resource::impl::create_page() {
+  page_handle h = pages->create();
+  if (h) {
+    reserved += page;
+    peak_reserved = std::max(peak_reserved, reserved);
+    ++ctr.pages_created;
+    ++st.upstream_allocs;
+    st.upstream_alloc_bytes += page;
+  }
+  return h;
+}
+
+// Takes up to `want` mapped pages wholly inside a stealable free
+// block of `slot` (one contiguous run, from its high end; unmapped in one
+// call, or kept mapped there with keep_mappings) and
+// appends their physical pages to out. Returns how many it took.
+std::size_t pool_resource::impl::steal(std::uint32_t slot, std::size_t want, std::vector<page_handle>& out,
+                                       bool defer) {
+  auto& s = slots[slot];
+  block* b = s.steal_head;
+  if (!b || want == 0) return 0;
+  // From the free block with the fewest mapped pages inside among the
+  // oldest `steal_scan` (the oldest of equals): small scattered pieces go
+  // first, long mapped runs stay whole for the large blocks that need them.
+  std::size_t least = interior_pages(b) - b->unmapped;
+  int looked = 0;
+  for (block* c = b->snext; c && least > 1 && ++looked < steal_scan; c = c->snext) {
+    std::size_t m = interior_pages(c) - c->unmapped;
+    if (m < least) {
+      least = m;
+      b = c;
+    }
+  }
+  detail::arena* a = b->ar;
+  std::size_t lo = round_up(b->addr - a->base, page) / page;
+  std::size_t hi = (b->addr + b->size - a->base) / page;
+  if (hi <= lo) return 0;  // cannot happen while invariants hold
+  std::size_t p = last_mapped_page(a, lo, hi - 1);
+  if (p < lo || p >= hi || !a->mapped(p)) return 0;  // cannot happen while invariants hold
+  std::size_t first = p;
+  while (first > lo && a->mapped(first - 1) && p + 1 - first < want) --first;
+  std::size_t k = p + 1 - first;
+  if (defer) {
+    deferred.push_back({a, first, k, streams->record(s.stream)});
+    // The block keeps the pages' old addresses: it reaches other streams
+    // only through an event recorded after this one, when they are gone.
+    b->seq = ++free_seq;
+    for (std::size_t q = first; q <= p; ++q) a->set_zombie(q, true);
+    ctr.pages_deferred += k;
+    stale += k;
+  } else if (opt.keep_mappings) {
+    stale += k;  // still mapped there, no longer in use there
+  } else {
+    pages->unmap(a->base + first * page, k);
+    for (std::size_t q = first; q <= p; ++q) a->phys[q] = 0;
+    ctr.pages_unmapped += k;
+  }
+  for (std::size_t q = first; q <= p; ++q) {
+    out.push_back(a->handles[q]);
+    a->handles[q] = 0;
+    a->set_mapped(q, false);
+  }
+  ctr.pages_remapped += k;
+  slots.pages_taken(b, k);
+  return k;
+}
+
+// Destroys pages given back to the device, unmapping first the stale
+// mappings they keep (a page's memory is freed only once it is mapped
+// nowhere).
+void pool_resource::impl::drop_pages(const std::vector<page_handle>& hs) noexcept {
+  if (hs.empty()) return;
+  if (stale) {
+    settle_deferred(0);  // no old address that queued work may still use is unmapped under it
+    thread_local std::vector<page_handle> sorted;
+    sorted.assign(hs.begin(), hs.end());
+    std::sort(sorted.begin(), sorted.end());
+    auto kept = [&](const detail::arena* a, std::size_t p) {
+      return a->phys[p] && !a->mapped(p) && std::binary_search(sorted.begin(), sorted.end(), a->phys[p]);
+    };
+    for (auto* a : arenas) {
+      if (!a->paged) continue;
+      for (std::size_t p = 0; p < a->top;) {
+        if (!kept(a, p)) {
+          ++p;
+          continue;
+        }
+        std::size_t e = p;
+        while (e < a->top && kept(a, e)) ++e;
+        pages->unmap(a->base + p * page, e - p);
+        for (std::size_t q = p; q < e; ++q) a->phys[q] = 0;
+        stale -= e - p;
+        ctr.pages_unmapped += e - p;
+        p = e;
+      }
+    }
+  }
+  for (auto h : hs) pages->destroy(h);
+}
+
+// Gets n physical pages for a block that will hold `need_live` live bytes.
+// The first `clean` of them are never pages moved with their old address
+// still mapped (defer_unmap): they go where the block shares a page with
+// its neighbours, which other streams may reach.
+// Only pages of blocks whose stream work is known complete (the shared
+// slot) are remapped without waiting; the requester's own stream is waited
+// for only when the device is otherwise full (or, with wait_to_remap,
+// before growing past the slack).
+bool pool_resource::impl::acquire(std::size_t n, std::size_t need_live, std::uint32_t slot,
+                                  std::vector<page_handle>& out, std::size_t clean) {
+  out.clear();
+  try {
+    if (acquire_some(n, need_live, slot, out, clean)) return true;
+  } catch (...) {
+    // Pages taken so far stay with the pool as spares: nothing leaks. No
+    // spare keeps an old address that queued work may still use: every one
+    // still waiting ends its wait first (not only this call's: a page taken
+    // here may have been moved with its old address kept by an earlier call).
+    settle_deferred(0);
+    spare_handles.insert(spare_handles.end(), out.begin(), out.end());
+    out.clear();
+    throw;
+  }
+  settle_deferred(0);
+  spare_handles.insert(spare_handles.end(), out.begin(), out.end());
+  out.clear();
+  return false;
+}
+
+bool pool_resource::impl::acquire_some(std::size_t n, std::size_t need_live, std::uint32_t slot,
+                                       std::vector<page_handle>& out, std::size_t clean) {
+  bool reclaimed = false, waited = false;
+  // Pages of the requester's own free blocks, once its stream's queued work is done.
+  auto wait_and_steal_own = [&] {
+    if (!opt.remap || slot == 0 || !slots[slot].steal_head) return false;
+    if (!waited) {
+      streams->wait_for_stream(slots[slot].stream);
+      waited = true;
+    }
+    return steal(slot, n - out.size(), out) > 0;
+  };
+  while (out.size() < n) {
+    if (!spare_handles.empty()) {
+      out.push_back(spare_handles.back());
+      spare_handles.pop_back();
+      continue;
+    }
+    if (may_grow(need_live)) {
+      if (page_handle h = create_page()) {
+        out.push_back(h);
+        continue;
+      }
+    }
+    if (opt.remap) {
+      if (steal(0, n - out.size(), out)) continue;
+      if (!reclaimed) {
+        reclaimed = true;
+        if (reclaim_streams(false)) continue;
+      }
+    }
+    // defer_unmap: the requester's own stream freed these; its later work
+    // runs after the work that used them, so they can serve it at once, and
+    // only their old addresses wait to be unmapped.
+    if (opt.remap && opt.defer_unmap && slot != 0 && out.size() >= clean && slots[slot].steal_head &&
+        steal(slot, n - out.size(), out, true))
+      continue;
+    if (opt.wait_to_remap && wait_and_steal_own()) continue;  // rather than grow
+    if (reserved + page <= limit) {
+      if (page_handle h = create_page()) {
+        out.push_back(h);
+        continue;
+      }
+    }
+    if (wait_and_steal_own()) continue;  // the device is full otherwise
+    return false;  // acquire() puts what was taken back
+  }
+  return true;
+}
+
+}  // namespace vramkit

@@ -1,0 +1,167 @@
+// The caching pool's private state and the parts that work on it. Each part
+// lives in its own file, named after the design (docs/pool-design.md draws
+// how a request flows through them; glossary.hpp defines the words):
+//
+//   pool_resource.cpp  entry points: setup, allocate, free, teardown, public API
+//   placement.cpp      where a request goes: fit, hollow places, runs, splits
+//   page_supply.cpp    physical pages for a placement: spares, new pages, steals
+//   page_mapping.cpp   mapping pages under a block; kept and deferred mappings
+//   stream_reuse.cpp   frees on other streams: pending blocks, slot reclaims
+//   release.cpp        giving memory back: trim, release_cached, segments
+//   diagnostics.cpp    invariants, reports, the out-of-memory message
+//
+// and two headers of state with its own invariants: page_map.hpp (an arena
+// and its pages) and stream_slots.hpp (slot_table: the free blocks of every
+// stream). The small functions every request passes through (the free index,
+// the page arithmetic, finish) are inline there or here, and the .cpp parts
+// are compiled as one unit (pool_resource.cpp includes them), so splitting
+// the files costs the hot path no call. Each part still compiles on its own.
+#pragma once
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "../../detail/flat_map.hpp"
+#include "../../detail/free_index.hpp"
+#include "glossary.hpp"
+#include "page_map.hpp"
+#include "stream_slots.hpp"
+#include "vramkit/mr/pool_resource.hpp"
+
+namespace vramkit {
+
+using detail::block;
+using detail::free_index;
+using detail::round_up;
+
+struct pool_resource::impl {
+  // ---- configuration (set at construction) -------------------------------
+  std::shared_ptr<page_device> pages;          // paged pools
+  std::shared_ptr<device_resource> upstream;   // segmented pools
+  std::shared_ptr<stream_ops> streams;
+  pool_options opt;
+  std::size_t page = 0;      // page size (paged) or segment granularity
+  std::size_t capacity = 0;  // device capacity
+  std::size_t limit = 0;     // reserve limit in force
+  int dev = 0;
+
+  mutable std::mutex mu;  // guards everything below
+  // Page map: the arenas and the pages behind them (page_map.hpp).
+  std::vector<detail::arena*> arenas;  // paged: [small, large]; else segments
+  // Stream slots: every free block is in exactly one slot's index.
+  detail::slot_table slots;
+  // Live blocks by address; blocks freed while other streams still use them.
+  detail::ptr_map<block*> live;
+  std::vector<block*> pending;
+  // Page supply: created pages in use nowhere, and kept mappings.
+  std::vector<page_handle> spare_handles;  // created, in use nowhere (may keep stale mappings)
+  std::size_t stale = 0;                   // kept mappings of pages not in use there
+  // Page mapping, defer_unmap: old addresses of pages moved from the
+  // requesting stream's own free blocks, unmapped once the event recorded at
+  // the move completes.
+  struct deferred_unmap {
+    detail::arena* a;
+    std::size_t first, count;
+    event_id ev;
+  };
+  std::vector<deferred_unmap> deferred;
+  detail::block_pool blocks;
+
+  // Accounting.
+  std::size_t live_bytes = 0;
+  std::size_t pending_bytes = 0;
+  std::size_t reserved = 0;
+  std::size_t peak_live = 0;
+  std::size_t peak_reserved = 0;
+  std::uint64_t free_seq = 0;  // orders frees against the events that cover them
+  memory_state st;  // counters only (oom_count, retries, upstream_*)
+  pool_counters ctr;
+
+  // ---- entry points (pool_resource.cpp) ----------------------------------
+  void init_common();
+  void init_paged();
+  void init_segmented();
+  ~impl();
+  void* allocate(std::size_t bytes, stream_t stream);
+  free_status deallocate(void* ptr, std::size_t bytes, stream_t stream);
+
+  // ---- placement (placement.cpp) -----------------------------------------
+  block* try_place(std::size_t size, bool small, std::uint32_t slot, stream_t stream);
+  block* best_hollow(std::size_t size, bool small, std::uint32_t slot, std::uintptr_t& at, std::size_t& best_cost);
+  block* best_run(std::size_t size, bool small, std::uint32_t slot, std::uintptr_t& at, std::size_t best_cost);
+  block* join(block* first, block* last);
+  block* carve_run(block* b, std::uintptr_t at, std::size_t size, std::uint32_t slot);
+  void uncarve(block* b, std::uint32_t slot);
+
+  // ---- page supply (page_supply.cpp) -------------------------------------
+  static constexpr int steal_scan = 32;
+  bool may_grow(std::size_t need_live) const;
+  page_handle create_page();
+  std::size_t steal(std::uint32_t slot, std::size_t want, std::vector<page_handle>& out, bool defer = false);
+  bool acquire(std::size_t n, std::size_t need_live, std::uint32_t slot, std::vector<page_handle>& out,
+               std::size_t clean = 0);
+  bool acquire_some(std::size_t n, std::size_t need_live, std::uint32_t slot, std::vector<page_handle>& out,
+                    std::size_t clean);
+  void drop_pages(const std::vector<page_handle>& hs) noexcept;
+
+  // ---- page mapping (page_mapping.cpp) -----------------------------------
+  bool back(detail::arena* a, std::uintptr_t addr, std::size_t size, std::size_t need_live, std::uint32_t slot,
+            std::size_t& newly);
+  static void return_home(const detail::arena* a, std::size_t p0, std::size_t p1, bool edge0, bool edge1,
+                          std::vector<page_handle>& hs);
+  void finish_deferred(std::size_t i);
+  void flush_deferred();
+  void clear_zombies(detail::arena* a, std::size_t p0, std::size_t p1);
+  void settle_deferred(std::size_t mark) noexcept;
+
+  // ---- stream reuse (stream_reuse.cpp) -----------------------------------
+  void process_pending(bool wait);
+  bool reclaim_streams(bool wait);
+  void record_stream(void* ptr, stream_t stream);
+
+  // ---- release (release.cpp) ---------------------------------------------
+  void destroy_spares();
+  void trim_to(std::size_t target);
+  void release_cached();
+  bool grow_segment(std::size_t size, bool small, stream_t stream);
+  std::size_t release_free_segments();
+
+  // ---- diagnostics (diagnostics.cpp) -------------------------------------
+  [[noreturn]] void throw_oom(std::size_t bytes, const char* why);
+  memory_state state() const;
+  void check() const;
+  std::vector<segment_info> segments() const;
+  page_usage usage() const;
+
+  // ---- page arithmetic (inline: every placement uses it) -----------------
+  std::size_t first_page(const block* b) const { return (b->addr - b->ar->base) / page; }
+  std::size_t last_page(const block* b) const { return (b->addr + b->size - 1 - b->ar->base) / page; }
+  // Pages lying wholly inside [addr, addr+size).
+  std::size_t interior_pages(const block* b) const { return detail::interior_pages(b, page); }
+  std::size_t unmapped_inside(const detail::arena* a, std::uintptr_t addr, std::size_t size) const {
+    return detail::unmapped_inside(a, page, addr, size);
+  }
+  // Free blocks the requester of `slot` may take together with its own: its
+  // stream's and the shared slot's (adjacent free blocks of one slot are
+  // always merged, so a run alternates between the two).
+  static bool runs_with(const block* x, std::uint32_t slot) {
+    return x && x->state == block::free_state && (x->slot == slot || x->slot == 0);
+  }
+
+  // ---- a placed block becomes live (inline: the hot path) ----------------
+  void* finish(block* b, std::size_t bytes, stream_t stream) {
+    b->state = block::live_state;
+    b->requested = bytes;
+    b->stream = stream;
+    live.insert(b->addr, b);
+    live_bytes += b->size;
+    if (live_bytes > peak_live) peak_live = live_bytes;
+    return reinterpret_cast<void*>(b->addr);
+  }
+};
+
+}  // namespace vramkit
