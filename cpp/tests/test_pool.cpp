@@ -630,3 +630,18 @@ TEST(statistics, counts_and_peaks) {
 }
 
 }  // namespace
+
+TEST(pool, a_page_size_other_than_the_devices_pages_is_refused) {
+  auto dev = std::make_shared<host_page_device>(std::size_t{1} << 30, 2 * MiB);
+  pool_options o;
+  o.page_size = 8 * MiB;  // a multiple, but each device page would back only a quarter of it
+  EXPECT_THROW(pool_resource(dev, nullptr, o), invalid_argument);
+  o.page_size = 2 * MiB;
+  EXPECT_NO_THROW(pool_resource(dev, nullptr, o));
+  auto dev8 = std::make_shared<host_page_device>(std::size_t{1} << 30, 8 * MiB);
+  o.page_size = 8 * MiB;
+  pool_resource p(dev8, nullptr, o);
+  void* a = p.allocate(20 * MiB);
+  std::memset(a, 1, 20 * MiB);  // every byte backed
+  p.deallocate(a, 20 * MiB);
+}

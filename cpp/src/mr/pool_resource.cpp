@@ -28,10 +28,12 @@ void pool_resource::impl::init_common() {
 
 void pool_resource::impl::init_paged() {
   page = opt.page_size ? opt.page_size : pages->granularity();
-  if (page % pages->granularity() != 0)
-    throw invalid_argument("page_size " + std::to_string(page) +
-                           " is not a multiple of the device granularity " +
-                           std::to_string(pages->granularity()));
+  // Each pool page is one device page (one handle, mapped whole): a larger
+  // pool page over smaller device pages would leave most of it unmapped.
+  if (page != pages->granularity())
+    throw invalid_argument("page_size " + std::to_string(page) + " differs from the page device's pages (" +
+                           std::to_string(pages->granularity()) +
+                           " bytes): give the device the same page size (VRAMKIT_ALLOC_CONF and make_resource do)");
   capacity = pages->capacity();
   dev = pages->device();
   init_common();

@@ -51,7 +51,7 @@ struct pool_resource::impl {
 
   mutable std::mutex mu;  // guards everything below
   // Page map: the arenas and the pages behind them (page_map.hpp).
-  std::vector<detail::arena*> arenas;  // paged: [small, large]; else segments
+  std::vector<detail::arena*> arenas;  // paged: the small arena first, then the large; else segments
   // Stream slots: every free block is in exactly one slot's index.
   detail::slot_table slots;
   // Live blocks by address; blocks freed while other streams still use them.
