@@ -12,7 +12,8 @@ Workloads (models built offline from configs, random weights, fixed seeds; see b
 
 Allocators: ``default`` (PyTorch's caching allocator), ``expandable``
 (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``), ``vramkit`` (``vramkit.torch.use()`` first,
-with ``--vramkit-conf`` passed to it as options) and ``vramkit-tracking`` (vramkit plus leak
+with ``--vramkit-conf`` passed to it as options), ``vramkit-8mib`` (the same with 8 MiB pages) and
+``vramkit-tracking`` (vramkit plus leak
 tracking with Python call sites, for the cost of tracking).
 
 Every (workload, allocator, repeat) runs in a fresh process; within each repeat the allocators of a
@@ -44,7 +45,7 @@ from e2e import report  # noqa: E402
 from e2e.child import RESULT_PREFIX, parse_vramkit_conf  # noqa: E402
 from e2e.workloads import WORKLOADS  # noqa: E402
 
-ALLOCATORS = ("default", "expandable", "vramkit", "vramkit-tracking")
+ALLOCATORS = ("default", "expandable", "vramkit", "vramkit-tracking", "vramkit-8mib")
 DEFAULT_ALLOCATORS = "default,expandable,vramkit"
 
 
@@ -278,7 +279,8 @@ def print_plan(a, runs) -> None:
         how = {"default": "PyTorch's caching allocator",
                "expandable": f"PYTORCH_CUDA_ALLOC_CONF={env.get('PYTORCH_CUDA_ALLOC_CONF')}",
                "vramkit": f"vramkit.torch.use({a.vramkit_conf or ''})",
-               "vramkit-tracking": "vramkit + leak tracking with Python call sites"}[al]
+               "vramkit-tracking": "vramkit + leak tracking with Python call sites",
+               "vramkit-8mib": f"vramkit.torch.use(page_size='8MiB'{', ' + a.vramkit_conf if a.vramkit_conf else ''})"}[al]
         print(f"  {al:16s} {how}")
     print("order:")
     for i, (rep, w, al) in enumerate(runs, 1):

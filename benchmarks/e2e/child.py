@@ -15,7 +15,9 @@ import traceback
 import warnings
 
 RESULT_PREFIX = "E2E-RESULT "
-VRAMKIT_ALLOCATORS = ("vramkit", "vramkit-tracking")
+VRAMKIT_ALLOCATORS = ("vramkit", "vramkit-tracking", "vramkit-8mib")
+# vramkit-8mib: 8 MiB pages (one driver handle each) instead of 2 MiB: a quarter of the map calls.
+PAGE_8MIB = "8MiB"
 
 
 def parse_vramkit_conf(text: str) -> dict:
@@ -124,6 +126,8 @@ def run(workload: str, alloc: str, steps: int, warmup: int, seed: int, vramkit_c
         import vramkit
         import vramkit.torch
         options = parse_vramkit_conf(vramkit_conf)
+        if alloc == "vramkit-8mib":
+            options.setdefault("page_size", PAGE_8MIB)
         vramkit.torch.use(**options)  # first: before PyTorch initializes CUDA
         res["vramkit_conf"] = vramkit.torch.pool_conf(**options) or os.environ.get("VRAMKIT_ALLOC_CONF", "")
         res["vramkit_version"] = getattr(vramkit, "__version__", "?")
