@@ -15,8 +15,10 @@ import traceback
 import warnings
 
 RESULT_PREFIX = "E2E-RESULT "
-VRAMKIT_ALLOCATORS = ("vramkit", "vramkit-tracking", "vramkit-8mib")
+VRAMKIT_ALLOCATORS = ("vramkit", "vramkit-tracking", "vramkit-8mib", "vramkit-cuda")
 # vramkit-8mib: 8 MiB pages (one driver handle each) instead of 2 MiB: a quarter of the map calls.
+# vramkit-cuda: the same pool over cudaMalloc segments instead of mapped pages (no page moves, no
+# VMM): what the hooks and the pool cost without the page device.
 PAGE_8MIB = "8MiB"
 
 
@@ -77,6 +79,25 @@ def _numbers(d: dict, keys=None) -> dict:
             and not isinstance(v, bool)}
 
 
+PAGE_OP_KEYS = ("pages_created", "pages_mapped", "pages_unmapped", "map_calls", "pages_remapped",
+                "mappings_reused", "pages_destroyed")
+
+
+def _page_op_reader(alloc: str):
+    """A function giving the pool's page-operation counters now, or None (not vramkit, no pool)."""
+    if alloc not in VRAMKIT_ALLOCATORS:
+        return None
+    from vramkit import _vramkit
+    r = _vramkit.current_resource(None)
+    if not r.pool_counters():
+        return None
+
+    def read() -> dict:
+        c = r.pool_counters()
+        return {k: int(c[k]) for k in PAGE_OP_KEYS if k in c}
+    return read
+
+
 def _allocator_stats(torch, alloc: str, check_expandable: bool) -> dict:
     out: dict = {}
     if alloc in VRAMKIT_ALLOCATORS:
@@ -128,6 +149,8 @@ def run(workload: str, alloc: str, steps: int, warmup: int, seed: int, vramkit_c
         options = parse_vramkit_conf(vramkit_conf)
         if alloc == "vramkit-8mib":
             options.setdefault("page_size", PAGE_8MIB)
+        elif alloc == "vramkit-cuda":
+            options.setdefault("upstream", "cuda")
         vramkit.torch.use(**options)  # first: before PyTorch initializes CUDA
         res["vramkit_conf"] = vramkit.torch.pool_conf(**options) or os.environ.get("VRAMKIT_ALLOC_CONF", "")
         res["vramkit_version"] = getattr(vramkit, "__version__", "?")
@@ -180,16 +203,26 @@ def run(workload: str, alloc: str, steps: int, warmup: int, seed: int, vramkit_c
             res["transformers"] = getattr(tf, "__version__", "?")
         res["info"] = runner.info
         times, values = [], []
+        # Under vramkit, the pool's page operations per step (read outside the timed region):
+        # the driver calls a warm step still makes.
+        page_ops = _page_op_reader(alloc)
+        step_page_ops = []
         t_loop = time.perf_counter()
         for i in range(steps):
             batch = runner.inputs(i)
             torch.cuda.synchronize()
+            before = page_ops() if page_ops else None
             t = time.perf_counter()
             v = runner.step(batch).tolist()
             torch.cuda.synchronize()
             times.append((time.perf_counter() - t) * 1e3)
+            if page_ops:
+                after = page_ops()
+                step_page_ops.append({k: after[k] - before[k] for k in after})
             values.append([float(x).hex() for x in v])
             del batch
+        if step_page_ops:
+            res["step_page_ops"] = step_page_ops
         res["loop_s"] = time.perf_counter() - t_loop  # steps and their inputs
         res["digest"] = [float(x).hex() for x in runner.digest()]
     except torch.cuda.OutOfMemoryError as e:
