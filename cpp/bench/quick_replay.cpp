@@ -41,7 +41,8 @@ int main(int argc, char** argv) {
     std::vector<void*> ptr(ops.size(), nullptr);
     int passes = std::getenv("VKPASSES") ? std::atoi(std::getenv("VKPASSES")) : 4;
     std::size_t live = 0, peak_live = 0;
-    for (int pass = 0; pass < passes; ++pass)
+    for (int pass = 0; pass < passes; ++pass) {
+      auto c0 = pool.counters();
       for (auto& t : ops) {
         ++lag->now;
         if (t.action == 0) {
@@ -53,6 +54,13 @@ int main(int argc, char** argv) {
           pool.deallocate(ptr[t.id], 0, t.stream);
         }
       }
+      auto c1 = pool.counters();
+      std::printf("pass %d: created %zu mapped %zu unmapped %zu remapped %zu reused %zu destroyed %zu reserved %zu MiB\n", pass,
+                  c1.pages_created - c0.pages_created, c1.pages_mapped - c0.pages_mapped,
+                  c1.pages_unmapped - c0.pages_unmapped, c1.pages_remapped - c0.pages_remapped,
+                  c1.mappings_reused - c0.mappings_reused, c1.pages_destroyed - c0.pages_destroyed,
+                  pool.state().reserved_bytes >> 20);
+    }
     auto c = pool.counters();
     std::printf("lag %zu: peak_reserved/peak_live %.4f waits %zu remapped %zu reclaims %zu\n",
                 lag->lag, double(pool.state().peak_reserved_bytes) / double(peak_live), lag->waits, c.pages_remapped,
