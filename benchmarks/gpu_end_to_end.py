@@ -13,7 +13,8 @@ Workloads (models built offline from configs, random weights, fixed seeds; see b
 Allocators: ``default`` (PyTorch's caching allocator), ``expandable``
 (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``), ``vramkit`` (``vramkit.torch.use()`` first,
 with ``--vramkit-conf`` passed to it as options), ``vramkit-8mib`` (the same with 8 MiB pages),
-``vramkit-cuda`` (the same pool over cudaMalloc segments: no mapped pages) and
+``vramkit-cuda`` (the same pool over cudaMalloc segments: no mapped pages), ``vramkit-defer``
+(``defer_unmap`` on) and
 ``vramkit-tracking`` (vramkit plus leak
 tracking with Python call sites, for the cost of tracking).
 
@@ -46,7 +47,7 @@ from e2e import report  # noqa: E402
 from e2e.child import RESULT_PREFIX, parse_vramkit_conf  # noqa: E402
 from e2e.workloads import WORKLOADS  # noqa: E402
 
-ALLOCATORS = ("default", "expandable", "vramkit", "vramkit-tracking", "vramkit-8mib", "vramkit-cuda")
+ALLOCATORS = ("default", "expandable", "vramkit", "vramkit-tracking", "vramkit-8mib", "vramkit-cuda", "vramkit-defer")
 DEFAULT_ALLOCATORS = "default,expandable,vramkit"
 
 
@@ -282,7 +283,8 @@ def print_plan(a, runs) -> None:
                "vramkit": f"vramkit.torch.use({a.vramkit_conf or ''})",
                "vramkit-tracking": "vramkit + leak tracking with Python call sites",
                "vramkit-8mib": f"vramkit.torch.use(page_size='8MiB'{', ' + a.vramkit_conf if a.vramkit_conf else ''})",
-               "vramkit-cuda": f"vramkit.torch.use(upstream='cuda'{', ' + a.vramkit_conf if a.vramkit_conf else ''})"}[al]
+               "vramkit-cuda": f"vramkit.torch.use(upstream='cuda'{', ' + a.vramkit_conf if a.vramkit_conf else ''})",
+               "vramkit-defer": f"vramkit.torch.use(defer_unmap=True{', ' + a.vramkit_conf if a.vramkit_conf else ''})"}[al]
         print(f"  {al:16s} {how}")
     print("order:")
     for i, (rep, w, al) in enumerate(runs, 1):

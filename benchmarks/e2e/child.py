@@ -15,10 +15,12 @@ import traceback
 import warnings
 
 RESULT_PREFIX = "E2E-RESULT "
-VRAMKIT_ALLOCATORS = ("vramkit", "vramkit-tracking", "vramkit-8mib", "vramkit-cuda")
+VRAMKIT_ALLOCATORS = ("vramkit", "vramkit-tracking", "vramkit-8mib", "vramkit-cuda", "vramkit-defer")
 # vramkit-8mib: 8 MiB pages (one driver handle each) instead of 2 MiB: a quarter of the map calls.
 # vramkit-cuda: the same pool over cudaMalloc segments instead of mapped pages (no page moves, no
 # VMM): what the hooks and the pool cost without the page device.
+# vramkit-defer: defer_unmap on: free pages of the requester's own stream move at once, their old
+# addresses unmapped once the stream's work on them is done (less growth while the GPU lags).
 PAGE_8MIB = "8MiB"
 
 
@@ -151,6 +153,8 @@ def run(workload: str, alloc: str, steps: int, warmup: int, seed: int, vramkit_c
             options.setdefault("page_size", PAGE_8MIB)
         elif alloc == "vramkit-cuda":
             options.setdefault("upstream", "cuda")
+        elif alloc == "vramkit-defer":
+            options.setdefault("defer_unmap", "true")
         vramkit.torch.use(**options)  # first: before PyTorch initializes CUDA
         res["vramkit_conf"] = vramkit.torch.pool_conf(**options) or os.environ.get("VRAMKIT_ALLOC_CONF", "")
         res["vramkit_version"] = getattr(vramkit, "__version__", "?")
