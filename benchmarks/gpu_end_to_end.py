@@ -13,8 +13,8 @@ Workloads (models built offline from configs, random weights, fixed seeds; see b
 Allocators: ``default`` (PyTorch's caching allocator), ``expandable``
 (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``), ``vramkit`` (``vramkit.torch.use()`` first,
 with ``--vramkit-conf`` passed to it as options), ``vramkit-8mib`` (the same with 8 MiB pages),
-``vramkit-cuda`` (the same pool over cudaMalloc segments: no mapped pages), ``vramkit-defer``
-(``defer_unmap`` on) and
+``vramkit-cuda`` (the same pool over cudaMalloc segments: no mapped pages),
+``vramkit@KEY:VALUE+KEY:VALUE`` (the pool with those options, e.g. ``vramkit@defer_unmap:false``) and
 ``vramkit-tracking`` (vramkit plus leak
 tracking with Python call sites, for the cost of tracking).
 
@@ -44,10 +44,10 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from e2e import report  # noqa: E402
-from e2e.child import RESULT_PREFIX, parse_vramkit_conf  # noqa: E402
+from e2e.child import RESULT_PREFIX, is_vramkit, parse_vramkit_conf, variant_options  # noqa: E402
 from e2e.workloads import WORKLOADS  # noqa: E402
 
-ALLOCATORS = ("default", "expandable", "vramkit", "vramkit-tracking", "vramkit-8mib", "vramkit-cuda", "vramkit-defer")
+ALLOCATORS = ("default", "expandable", "vramkit", "vramkit-tracking", "vramkit-8mib", "vramkit-cuda")
 DEFAULT_ALLOCATORS = "default,expandable,vramkit"
 
 
@@ -241,9 +241,15 @@ def parse_args(argv=None):
     bad = [w for w in a.workloads if w not in WORKLOADS]
     if bad or not a.workloads:
         ap.error(f"unknown workload {bad[0]!r} (known: {', '.join(WORKLOADS)})" if bad else "no workload given")
-    bad = [x for x in a.allocators if x not in ALLOCATORS]
+    bad = [x for x in a.allocators if x not in ALLOCATORS and not is_vramkit(x)]
     if bad or not a.allocators:
-        ap.error(f"unknown allocator {bad[0]!r} (known: {', '.join(ALLOCATORS)})" if bad else "no allocator given")
+        ap.error(f"unknown allocator {bad[0]!r} (known: {', '.join(ALLOCATORS)}, or vramkit@KEY:VALUE+KEY:VALUE)"
+                 if bad else "no allocator given")
+    for x in a.allocators:
+        try:
+            variant_options(x)
+        except ValueError as e:
+            ap.error(f"allocator {x!r}: {e}")
     a.steps = a.steps if a.steps is not None else (6 if a.quick else 15)
     a.repeat = a.repeat if a.repeat is not None else (1 if a.quick else 3)
     if a.warmup < 1:
@@ -278,13 +284,15 @@ def print_plan(a, runs) -> None:
         print(f"  {w:10s} {wl.mode:5s} {wl.shapes:7s} {wl.summary}")
     for al in unique(a.allocators):
         env = child_env(al, a.determinism != "off")
-        how = {"default": "PyTorch's caching allocator",
-               "expandable": f"PYTORCH_CUDA_ALLOC_CONF={env.get('PYTORCH_CUDA_ALLOC_CONF')}",
-               "vramkit": f"vramkit.torch.use({a.vramkit_conf or ''})",
-               "vramkit-tracking": "vramkit + leak tracking with Python call sites",
-               "vramkit-8mib": f"vramkit.torch.use(page_size='8MiB'{', ' + a.vramkit_conf if a.vramkit_conf else ''})",
-               "vramkit-cuda": f"vramkit.torch.use(upstream='cuda'{', ' + a.vramkit_conf if a.vramkit_conf else ''})",
-               "vramkit-defer": f"vramkit.torch.use(defer_unmap=True{', ' + a.vramkit_conf if a.vramkit_conf else ''})"}[al]
+        if al == "default":
+            how = "PyTorch's caching allocator"
+        elif al == "expandable":
+            how = f"PYTORCH_CUDA_ALLOC_CONF={env.get('PYTORCH_CUDA_ALLOC_CONF')}"
+        else:
+            opts = {**parse_vramkit_conf(a.vramkit_conf), **variant_options(al)}
+            how = "vramkit.torch.use(" + ", ".join(f"{k}={v!r}" for k, v in opts.items()) + ")"
+            if al == "vramkit-tracking":
+                how += " + leak tracking with Python call sites"
         print(f"  {al:16s} {how}")
     print("order:")
     for i, (rep, w, al) in enumerate(runs, 1):

@@ -15,12 +15,27 @@ import traceback
 import warnings
 
 RESULT_PREFIX = "E2E-RESULT "
-VRAMKIT_ALLOCATORS = ("vramkit", "vramkit-tracking", "vramkit-8mib", "vramkit-cuda", "vramkit-defer")
+NAMED_VRAMKIT = ("vramkit", "vramkit-tracking", "vramkit-8mib", "vramkit-cuda")
 # vramkit-8mib: 8 MiB pages (one driver handle each) instead of 2 MiB: a quarter of the map calls.
 # vramkit-cuda: the same pool over cudaMalloc segments instead of mapped pages (no page moves, no
 # VMM): what the hooks and the pool cost without the page device.
-# vramkit-defer: defer_unmap on: free pages of the requester's own stream move at once, their old
-# addresses unmapped once the stream's work on them is done (less growth while the GPU lags).
+# vramkit@KEY:VALUE+KEY:VALUE: the pool with those options (VRAMKIT_ALLOC_CONF keys), e.g.
+# vramkit@defer_unmap:false or vramkit@remap_budget:0.05, to set variants side by side.
+
+
+def is_vramkit(alloc: str) -> bool:
+    return alloc in NAMED_VRAMKIT or (alloc.startswith("vramkit@") and len(alloc) > len("vramkit@"))
+
+
+def variant_options(alloc: str) -> dict:
+    """The pool options an allocator name implies (before --vramkit-conf's). ValueError when malformed."""
+    if alloc == "vramkit-8mib":
+        return {"page_size": PAGE_8MIB}
+    if alloc == "vramkit-cuda":
+        return {"upstream": "cuda"}
+    if alloc.startswith("vramkit@"):
+        return parse_vramkit_conf(alloc[len("vramkit@"):].replace("+", ","))
+    return {}
 PAGE_8MIB = "8MiB"
 
 
@@ -82,12 +97,12 @@ def _numbers(d: dict, keys=None) -> dict:
 
 
 PAGE_OP_KEYS = ("pages_created", "pages_mapped", "pages_unmapped", "map_calls", "pages_remapped",
-                "mappings_reused", "pages_destroyed")
+                "mappings_reused", "pages_destroyed", "pages_deferred")
 
 
 def _page_op_reader(alloc: str):
     """A function giving the pool's page-operation counters now, or None (not vramkit, no pool)."""
-    if alloc not in VRAMKIT_ALLOCATORS:
+    if not is_vramkit(alloc):
         return None
     from vramkit import _vramkit
     r = _vramkit.current_resource(None)
@@ -102,7 +117,7 @@ def _page_op_reader(alloc: str):
 
 def _allocator_stats(torch, alloc: str, check_expandable: bool) -> dict:
     out: dict = {}
-    if alloc in VRAMKIT_ALLOCATORS:
+    if is_vramkit(alloc):
         import vramkit
         out["peak_allocated"] = vramkit.max_memory_allocated()
         out["peak_reserved"] = vramkit.max_memory_reserved()
@@ -145,16 +160,12 @@ def run(workload: str, alloc: str, steps: int, warmup: int, seed: int, vramkit_c
         raise SystemExit(f"unknown determinism {determinism!r} (strict, warn, off)")
     caught = _Warnings()
     tracking = None
-    if alloc in VRAMKIT_ALLOCATORS:
+    if is_vramkit(alloc):
         import vramkit
         import vramkit.torch
         options = parse_vramkit_conf(vramkit_conf)
-        if alloc == "vramkit-8mib":
-            options.setdefault("page_size", PAGE_8MIB)
-        elif alloc == "vramkit-cuda":
-            options.setdefault("upstream", "cuda")
-        elif alloc == "vramkit-defer":
-            options.setdefault("defer_unmap", "true")
+        for k, v in variant_options(alloc).items():
+            options.setdefault(k, v)
         vramkit.torch.use(**options)  # first: before PyTorch initializes CUDA
         res["vramkit_conf"] = vramkit.torch.pool_conf(**options) or os.environ.get("VRAMKIT_ALLOC_CONF", "")
         res["vramkit_version"] = getattr(vramkit, "__version__", "?")

@@ -11,7 +11,7 @@ SCRIPT = os.path.join(BENCH, "gpu_end_to_end.py")
 sys.path.insert(0, BENCH)
 
 from e2e import report  # noqa: E402
-from e2e.child import parse_vramkit_conf  # noqa: E402
+from e2e.child import parse_vramkit_conf, variant_options  # noqa: E402
 from e2e.workloads import WORKLOADS  # noqa: E402
 
 
@@ -42,6 +42,8 @@ def test_help_and_dry_run_need_no_torch():
     (["--repeat", "0"], "--repeat must be at least 1"),
     (["--vramkit-conf", "growth_slack"], "is not KEY:VALUE"),
     (["--vramkit-conf", "a:1", "--allocators", "default"], "no vramkit allocator"),
+    (["--allocators", "vramkit@"], "unknown allocator 'vramkit@'"),
+    (["--allocators", "vramkit@remap_budget"], "allocator 'vramkit@remap_budget'"),
 ])
 def test_bad_arguments_fail_with_one_line(args, message):
     p = suite(*args, "--dry-run")
@@ -54,6 +56,17 @@ def test_an_allocator_named_twice_runs_twice_per_repeat():
     assert p.returncode == 0
     assert [ln.split()[4] for ln in p.stdout.splitlines() if ln.split()[1:2] == ["repeat"]] == \
         ["vramkit", "vramkit-tracking", "vramkit"]
+
+
+def test_variant_allocators_carry_their_options():
+    assert variant_options("vramkit@defer_unmap:false+remap_budget:0.05") == {"defer_unmap": "false",
+                                                                              "remap_budget": "0.05"}
+    assert variant_options("vramkit-8mib") == {"page_size": "8MiB"}
+    assert variant_options("vramkit-cuda") == {"upstream": "cuda"}
+    assert variant_options("vramkit") == {}
+    p = suite("--dry-run", "--workloads", "bert", "--allocators", "default,vramkit@defer_unmap:false", "--repeat", "1")
+    assert p.returncode == 0, p.stderr
+    assert "vramkit.torch.use(defer_unmap='false')" in p.stdout
 
 
 def test_parse_vramkit_conf():
