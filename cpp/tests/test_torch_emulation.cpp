@@ -109,3 +109,45 @@ TEST(TorchEmulation, MakeResourceKnowsTheNames) {
             "expandable_segments:True,roundup_power2_divisions:[1:2,2:8,4:8,8:8,16:8,32:8,64:8,128:8,256:8,512:8,"
             "1024:8,2048:8,4096:8,8192:8,16384:8,32768:8]");
 }
+
+namespace {
+
+// Equal free blocks of one stream go by address, and with a real run's
+// cudaMalloc addresses given the emulation follows them (worked out in
+// python/tests/test_torch_emulation.py: test_equal_free_blocks_go_by_segment_address).
+TEST(TorchEmulation, GivenSegmentAddressesBreakBestFitTies) {
+  constexpr std::size_t MiB = std::size_t{1} << 20;
+  const std::uintptr_t hi = std::uintptr_t{1} << 36, lo = std::uintptr_t{1} << 34;
+  for (bool given : {false, true}) {
+    auto e = make_torch_emulator("torch-default", 0);
+    if (given) e->set_segment_addresses({hi, lo});
+    void* b = e->allocate(12 * MiB, 0);  // segment B
+    void* a0 = e->allocate(8 * MiB, 0);  // segment A, 20 MiB: [a0 | 12 MiB free]
+    e->deallocate(b, 12 * MiB, 0);
+    void* a2 = e->allocate(12 * MiB, 0);  // B or A's tail: the lower address
+    EXPECT_EQ(a2, given ? static_cast<char*>(a0) + 8 * MiB : b);
+    e->deallocate(a0, 8 * MiB, 0);
+    void* a3 = e->allocate(20 * MiB, 0);
+    EXPECT_EQ(e->state().peak_reserved_bytes, (given ? 52 : 32) * MiB);
+    EXPECT_EQ(e->counters().given_addresses_used, given ? 2u : 0u);
+    check_books(*e);
+    e->deallocate(a2, 12 * MiB, 0);
+    e->deallocate(a3, 20 * MiB, 0);
+  }
+  auto e = make_torch_emulator("torch-default", 0);
+  EXPECT_THROW(e->set_segment_addresses({hi, 0}), invalid_argument);
+  e->allocate(1000, 0);
+  EXPECT_THROW(e->set_segment_addresses({hi}), invalid_argument);
+}
+
+TEST(TorchEmulation, FractionOfOneSetsNoLimitAndNoCollection) {
+  constexpr std::size_t MiB = std::size_t{1} << 20;
+  auto e = make_torch_emulator("torch:garbage_collection_threshold=0.5,per_process_memory_fraction=1", 100 * MiB);
+  e->deallocate(e->allocate(40 * MiB, 1), 40 * MiB, 1);
+  e->allocate(30 * MiB, 0);
+  e->allocate(20 * MiB, 2);  // 70 MiB > 50 MiB, but nothing collects: no limit was set
+  EXPECT_EQ(e->reserved_bytes(), 90 * MiB);
+  EXPECT_EQ(e->state().capacity_bytes, 100 * MiB);
+}
+
+}  // namespace

@@ -6,6 +6,7 @@
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/shared_ptr.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <algorithm>
 #include <vector>
@@ -213,8 +214,16 @@ void bind_emul(nb::module_& m) {
     d["num_ooms"] = c.num_ooms;
     d["allocated_bytes"] = c.allocated_bytes;
     d["reserved_bytes"] = e->reserved_bytes();
+    d["given_addresses_used"] = c.given_addresses_used;
     return d;
   }, "resource"_a, "memory_stats()-like counters of a PyTorch emulation (None for other resources).");
+  m.def("torch_set_segment_addresses", [](std::shared_ptr<device_resource> r, std::vector<std::uint64_t> addrs) {
+    auto* e = dynamic_cast<emul::torch_caching_emulator*>(r.get());
+    if (!e) throw invalid_argument("segment addresses apply to a PyTorch emulation only");
+    e->set_segment_addresses(std::vector<std::uintptr_t>(addrs.begin(), addrs.end()));
+  }, "resource"_a, "addresses"_a,
+        "Places the emulation's cudaMalloc segments at these addresses, in order (a real run's segment_alloc "
+        "addresses), instead of counting up: PyTorch breaks best-fit ties between equal free blocks by address.");
   m.def("torch_segments", [](std::shared_ptr<device_resource> r) -> nb::object {
     if (auto* e = dynamic_cast<emul::torch_caching_emulator*>(r.get())) return torch_segments(e->segments());
     if (auto* p = find_pool(r.get())) return pool_segments(p->segments());

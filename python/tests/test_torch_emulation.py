@@ -164,16 +164,52 @@ def test_empty_cache_unmaps_free_pages():
 
 
 def test_garbage_collection_threshold_frees_old_cached_segments():
-    # fraction 1.0 of 100 MiB, threshold 0.5: at the miss of op 3, 70 MiB > 50 MiB reserved,
+    # fraction 0.999 of 100 MiB, threshold 0.5: at the miss of op 3, 70 MiB > 49.95 MiB reserved,
     # so the old unsplit 40 MiB cached segment (stream 1) is freed before growing
     t = T().a(0, 40 * MiB, stream=1).f(0).a(1, 30 * MiB).a(2, 20 * MiB, stream=2)
-    p, _ = run("torch:garbage_collection_threshold=0.5,per_process_memory_fraction=1.0", t, capacity=100 * MiB)
+    p, _ = run("torch:garbage_collection_threshold=0.5,per_process_memory_fraction=0.999", t, capacity=100 * MiB)
     assert p["peak_reserved_bytes"] == 70 * MiB and p["final_reserved_bytes"] == 50 * MiB
+    # a fraction of 1 sets no limit in PyTorch (allowed_memory_maximum stays empty), so no collection
+    p, _ = run("torch:garbage_collection_threshold=0.5,per_process_memory_fraction=1.0", t, capacity=100 * MiB)
+    assert p["peak_reserved_bytes"] == 90 * MiB
     p, _ = run("torch-default", t, capacity=100 * MiB)
     assert p["peak_reserved_bytes"] == 90 * MiB
     # without a fraction the threshold does nothing (as in PyTorch)
     p, _ = run("torch:garbage_collection_threshold=0.5", t, capacity=100 * MiB)
     assert p["peak_reserved_bytes"] == 90 * MiB
+
+
+def test_equal_free_blocks_go_by_segment_address():
+    # B = 12 MiB segment (a1), then A = 20 MiB segment split [a0 8 MiB | 12 MiB free]; a1 freed.
+    # Two free 12 MiB blocks: B and A's tail. Best fit takes the lower address.
+    t = T().a(1, 12 * MiB).a(0, 8 * MiB).f(1).a(2, 12 * MiB).f(0).a(3, 20 * MiB)
+    # Counting up, B (first cudaMalloc) is lower: a2 takes B, A merges back to a whole 20 MiB
+    # block when a0 is freed and a3 reuses it: 32 MiB, 2 segments.
+    p, c = run("torch-default", t)
+    assert p["peak_reserved_bytes"] == 32 * MiB and c["num_device_alloc"] == 2
+    # If the driver put A below B, a2 takes A's tail, A is left [8 free | a2], and a3 needs a
+    # third segment: 52 MiB.
+    hi, lo = 1 << 36, 1 << 34
+    p = profile(t.ops(), "torch-default", None, segment_addresses=[hi, lo])
+    assert p["peak_reserved_bytes"] == 52 * MiB and p["device_allocs"] == 3
+    assert p["given_addresses_used"] == 3 - 1  # the third segment counts up past the list
+    r = _vramkit.torch_emulator("torch-default", 0)
+    _vramkit.torch_set_segment_addresses(r, [hi, lo])
+    b = r.allocate(12 * MiB)
+    a0 = r.allocate(8 * MiB)
+    r.deallocate(b, 12 * MiB)
+    assert (b, a0, r.allocate(12 * MiB)) == (hi, lo, lo + 8 * MiB)
+    with pytest.raises(ValueError, match="before the first allocation"):
+        _vramkit.torch_set_segment_addresses(r, [hi])
+    with pytest.raises(ValueError, match="not a device address"):
+        _vramkit.torch_set_segment_addresses(_vramkit.torch_emulator("torch-default", 0), [hi, 0])
+
+
+def test_given_addresses_stop_when_they_would_overlap_a_held_segment():
+    # two live 12 MiB segments given the same address: the runs went different ways, so the
+    # second counts up instead
+    p = profile(T().a(0, 12 * MiB).a(1, 12 * MiB).ops(), "torch-default", None, segment_addresses=[1 << 34] * 2)
+    assert p["given_addresses_used"] == 1 and p["peak_reserved_bytes"] == 24 * MiB
 
 
 def test_memory_fraction_limits_like_a_smaller_device():
@@ -267,6 +303,27 @@ def test_real_trace_reserved_after_every_op(path):
     p = _vramkit.profile_trace(ops, _vramkit.torch_emulator("torch-default", 0), len(ops), -1, None)
     assert np.array_equal(p["curve_op"], np.arange(len(ops)))
     assert np.array_equal(p["curve_reserved"], np.array(real))
+
+
+@pytest.mark.parametrize("path", _real_traces(), ids=os.path.basename)
+def test_real_trace_allocations_land_where_pytorch_put_them(path):
+    """Given the addresses PyTorch's cudaMalloc calls returned (its segment_alloc events), every
+    allocation of the recording gets the address PyTorch gave it: the best fit, its address
+    tie-break and the split rules are PyTorch's, block by block."""
+    with gzip.open(path, "rt") as f:
+        next(f)
+        rows = [ln.rstrip("\n").split(",") for ln in f]
+    r = _vramkit.torch_emulator("torch-default", 0)
+    _vramkit.torch_set_segment_addresses(r, [int(x[2]) for x in rows if x[1] == "segment_alloc"])
+    live, n = {}, 0
+    for _, act, addr, size, stream in rows:
+        if act == "alloc":
+            assert r.allocate(int(size), int(stream)) == int(addr), f"allocation {n}"
+            live[int(addr)] = int(size)
+            n += 1
+        elif act == "free_requested":
+            r.deallocate(int(addr), live.pop(int(addr)), int(stream))
+    assert n > 500 and _vramkit.torch_counters(r)["given_addresses_used"] == _vramkit.torch_counters(r)["num_device_alloc"]
 
 
 def test_advise_cli_table_and_bad_option(tmp_path):

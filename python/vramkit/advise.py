@@ -76,10 +76,19 @@ def config_line(spec: str) -> str:
 
 
 def profile(ops, spec: str, capacity: int | None, points: int = 0,
-            progress: Callable[[int, int], None] | None = None, stop: int = -1) -> dict[str, Any]:
-    """One pass of ``ops`` (int64 rows action, id, size, stream) through a fresh ``spec``."""
+            progress: Callable[[int, int], None] | None = None, stop: int = -1,
+            segment_addresses=None) -> dict[str, Any]:
+    """One pass of ``ops`` (int64 rows action, id, size, stream) through a fresh ``spec``.
+
+    ``segment_addresses`` (PyTorch emulations only): the addresses a real run's cudaMalloc calls
+    returned, in order; the emulation places its segments there instead of at increasing addresses
+    (see ``torch_set_segment_addresses``)."""
     from . import _vramkit
     r = make_resource(spec, capacity)
+    if segment_addresses is not None:
+        if not is_torch(spec):
+            raise ValueError(f"{spec}: segment addresses apply to PyTorch emulations only")
+        _vramkit.torch_set_segment_addresses(r, [int(a) for a in segment_addresses])
     d = dict(_vramkit.profile_trace(ops, r, points, stop, progress))
     d["allocator"] = spec
     d["config"] = config_line(spec)
@@ -89,6 +98,8 @@ def profile(ops, spec: str, capacity: int | None, points: int = 0,
         d["device_allocs"] = counters["num_device_alloc"]
         d["segments_peak"] = counters["segment_peak"]
         d["alloc_retries"] = counters["num_alloc_retries"]
+        if segment_addresses is not None:
+            d["given_addresses_used"] = counters["given_addresses_used"]
     return d
 
 

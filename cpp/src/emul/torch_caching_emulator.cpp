@@ -5,7 +5,9 @@
 // because the answer is only worth having if it is PyTorch's to the byte.
 // Written from the rules; see docs/advise.md for what is and is not modelled.
 #include <algorithm>
+#include <iterator>
 #include <limits>
+#include <string>
 
 #include "vramkit/emul/torch_caching.hpp"
 
@@ -83,7 +85,9 @@ struct torch_caching_emulator::request {
 torch_caching_emulator::torch_caching_emulator(torch_options o, std::string name)
     : opt_(o), name_(std::move(name)), large_(new pool), small_(new pool) {
   small_->small = true;
-  if (opt_.memory_fraction > 0)
+  // setMemoryFraction sets no limit for a fraction of 1 (allowed_memory_maximum
+  // stays empty), and garbage collection acts only under a limit.
+  if (opt_.memory_fraction > 0 && opt_.memory_fraction < 1)
     allowed_max_ = static_cast<std::size_t>(opt_.memory_fraction * static_cast<double>(opt_.capacity));
   live_.reserve(1 << 12);
 }
@@ -200,14 +204,47 @@ bool torch_caching_emulator::alloc_block(request& r, bool retry) {
   b->stream = r.stream;
   b->size = r.alloc_size;
   b->owner = r.p;
-  b->ptr = next_addr_;
-  next_addr_ += round_up(r.alloc_size, kRoundLarge);
+  b->ptr = segment_address(r.alloc_size);
+  held_segments_.emplace(b->ptr, r.alloc_size);
   add_reserved(r.alloc_size);
   ++ctr_.segment_current;
   ctr_.segment_peak = std::max(ctr_.segment_peak, ctr_.segment_current);
   ++ctr_.num_device_alloc;
   r.found = b;
   return true;
+}
+
+void torch_caching_emulator::set_segment_addresses(std::vector<std::uintptr_t> addresses) {
+  std::lock_guard<std::mutex> lk(mu_);
+  if (ctr_.num_device_alloc || !live_.empty())
+    throw invalid_argument(name_ + ": segment addresses must be set before the first allocation");
+  for (std::size_t i = 0; i < addresses.size(); ++i)
+    if (addresses[i] == 0 || addresses[i] % kMinBlock)
+      throw invalid_argument(name_ + ": segment address " + std::to_string(i) + " (" + std::to_string(addresses[i]) +
+                             ") is not a device address (non-zero, 512-byte aligned)");
+  given_addrs_ = std::move(addresses);
+  given_next_ = 0;
+  // counted-up addresses start 1 TiB above the highest given one: past any segment placed there
+  for (auto a : given_addrs_) next_addr_ = std::max(next_addr_, round_up(a, kRoundLarge) + (std::uintptr_t{1} << 40));
+}
+
+// The next given address while the list lasts and the run follows the real
+// one; otherwise counting up.
+std::uintptr_t torch_caching_emulator::segment_address(std::size_t size) {
+  if (given_next_ < given_addrs_.size()) {
+    std::uintptr_t a = given_addrs_[given_next_++];
+    auto it = held_segments_.upper_bound(a);
+    bool overlaps = (it != held_segments_.end() && it->first < a + size) ||
+                    (it != held_segments_.begin() && std::prev(it)->first + std::prev(it)->second > a);
+    if (!overlaps) {
+      ++ctr_.given_addresses_used;
+      return a;
+    }
+    given_next_ = given_addrs_.size();  // diverged: the rest of the list no longer applies
+  }
+  std::uintptr_t a = next_addr_;
+  next_addr_ += round_up(size, kRoundLarge);
+  return a;
 }
 
 // Frees oversize cached blocks (never split, so each is a whole segment) of the
@@ -260,6 +297,7 @@ void torch_caching_emulator::release_blocks(pool& p) {
 }
 
 void torch_caching_emulator::release_block(block* b) {
+  held_segments_.erase(b->ptr);
   ++ctr_.num_device_free;
   --ctr_.segment_current;
   total_reserved_ -= b->size;

@@ -7,6 +7,7 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <set>
@@ -67,6 +68,7 @@ struct torch_counters {
   std::size_t num_alloc_retries = 0;
   std::size_t num_ooms = 0;
   std::size_t allocated_bytes = 0;   // rounded bytes handed out
+  std::size_t given_addresses_used = 0;  // segments placed at an address from set_segment_addresses
 };
 
 class torch_caching_emulator final : public device_resource {
@@ -100,6 +102,18 @@ class torch_caching_emulator final : public device_resource {
   // Every segment (mapped range) with its blocks, by address.
   std::vector<torch_segment_info> segments() const;
 
+  // Where cudaMalloc puts segments is the driver's choice (it reuses freed
+  // ranges, and a process's history moves it), and PyTorch breaks best-fit ties
+  // between free blocks of equal stream and size by address, so the choice can
+  // change which segment is split, which stays old enough to be collected, and
+  // the peak. By default segments are placed at increasing addresses. Given the
+  // addresses a real run's cudaMalloc calls returned, in order (its
+  // segment_alloc events), segments are placed there instead, until the list
+  // runs out or an address would overlap a segment still held (the two runs
+  // went different ways), after which addresses count up again. Expandable
+  // segments are not affected. Call before the first allocation.
+  void set_segment_addresses(std::vector<std::uintptr_t> addresses);
+
   // The size policy, exposed for tests: PyTorch's round_size and get_allocation_size.
   std::size_t round_size(std::size_t bytes) const noexcept;
   static std::size_t allocation_size_for(std::size_t rounded) noexcept;
@@ -131,6 +145,7 @@ class torch_caching_emulator final : public device_resource {
   void unmap_block(block* b);
   void release_expandable_segment(block* b);
 
+  std::uintptr_t segment_address(std::size_t size);
   block* new_block();
   void delete_block(block* b) noexcept;
   void add_reserved(std::size_t n) noexcept;
@@ -146,6 +161,9 @@ class torch_caching_emulator final : public device_resource {
   std::vector<block*> free_list_;  // recycled block objects
   std::vector<std::unique_ptr<block[]>> arenas_;
   std::uintptr_t next_addr_ = std::uintptr_t{1} << 40;
+  std::vector<std::uintptr_t> given_addrs_;           // set_segment_addresses, in order
+  std::size_t given_next_ = 0;                        // the next one to use; past the end when off
+  std::map<std::uintptr_t, std::size_t> held_segments_;  // cudaMalloc'd segments held: address -> size
   std::size_t total_reserved_ = 0;
   std::size_t allowed_max_ = 0;  // fraction * capacity when a fraction is set
   std::size_t peak_reserved_ = 0, peak_allocated_ = 0;
