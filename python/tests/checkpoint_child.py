@@ -47,7 +47,7 @@ def main(name: str) -> None:
     for p in [plans[0], again] + plans[1:]:
         r = harness.run_plan(build, p, steps=2, warmup=1, keep_grads=True)
         if ref is None:
-            ref = r
+            ref = r     # the plain run's loss and gradients; r's own are dropped from its row below
         cmp_blocks = harness.compare_grads(
             {**ref, "grads": {k: v for k, v in ref["grads"].items() if k.startswith(tuple(model_blocks))}},
             {**r, "grads": {k: v for k, v in r["grads"].items() if k.startswith(tuple(model_blocks))}})
@@ -58,14 +58,14 @@ def main(name: str) -> None:
             h = r["grads"][k]
             if g is not None and h is not None:
                 rel = max(rel, float((g.double() - h.double()).norm() / max(g.double().norm(), 1e-30)))
-        for k in ("grads", "loss_tensor"):
-            r.pop(k)
-        r.update(block_grads_equal=cmp_blocks["equal"], block_max_abs_diff=cmp_blocks["max_abs_diff"],
-                 block_worst=cmp_blocks["where"], loss_equal=loss_equal,
-                 all_grads_equal=cmp_all["equal"], grads_max_rel=rel)
-        res["runs"].append(r)
-        print(f"# {p.name:<22} predicted {p.peak / 2**20:9.1f} MiB measured {r['peak_allocated'] / 2**20:9.1f} MiB "
-              f"step {r['step_time'] * 1e3:7.2f} ms  block grads equal {r['block_grads_equal']}", flush=True)
+        # A new dict for the row: r may be ref itself, whose tensors every later plan compares with.
+        row = {k: v for k, v in r.items() if k not in ("grads", "loss_tensor")}
+        row.update(block_grads_equal=cmp_blocks["equal"], block_max_abs_diff=cmp_blocks["max_abs_diff"],
+                   block_worst=cmp_blocks["where"], loss_equal=loss_equal,
+                   all_grads_equal=cmp_all["equal"], grads_max_rel=rel)
+        res["runs"].append(row)
+        print(f"# {p.name:<22} predicted {p.peak / 2**20:9.1f} MiB measured {row['peak_allocated'] / 2**20:9.1f} MiB "
+              f"step {row['step_time'] * 1e3:7.2f} ms  block grads equal {row['block_grads_equal']}", flush=True)
     print(json.dumps(res, default=str))
 
 
