@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import gc
 import statistics
+from dataclasses import dataclass
 
-from .model import Plan
+from .model import BudgetError, Plan, parse_budget
 from .profiling import Step
 
 
@@ -146,24 +147,74 @@ def timm_model(name, batch=32, image=224, classes=1000, seed=0, **kw):
     return build
 
 
-def plans_for(chain, fractions=(0.0, 0.25, 0.5, 0.75), margin: float = 0.03) -> list:
-    """The baselines; optimal plans for budgets spread between the least feasible peak and the
-    peak without checkpointing (planned ``margin`` below each budget, as :func:`apply` does, so
-    that the measured peak stays within it); and optimal plans at exactly the predicted peaks of
-    the sqrt(n) and checkpoint-all plans (``optimal=sqrt(n)``, ``optimal=all``: the same predicted
-    memory or less, to compare times)."""
-    from .planner import baselines, minimum_budget, plan
+@dataclass
+class NoFit:
+    """A budget no plan fits: the planner's answer (a valid outcome), reported as a row instead of
+    a measurement. ``planned`` is what the planner was asked for (the budget less the margin)."""
+    name: str
+    budget: int
+    planned: int
+    least: int
+    error: str
+
+    def row(self) -> dict:
+        return {"plan": self.name, "budget": self.budget, "planned_budget": self.planned, "fits": False,
+                "least_peak": self.least, "error": self.error}
+
+
+def plan_key(p: Plan) -> tuple:
+    """Plans with the same key are the same plan (the same segments, so the same blocks recomputed
+    the same way): measuring one measures the other."""
+    return tuple((int(s), int(e), bool(c)) for s, e, c in p.segments)
+
+
+def _optimal(chain, planned: int, budget, name: str, least: int, ref: Plan = None):
+    """The optimal plan for ``planned`` bytes, labelled with ``budget``, or a :class:`NoFit`. With a
+    baseline ``ref`` (planned at its peak), planned again without rounding when the rounded model
+    finds nothing or only something slower than ``ref``, which fits there."""
+    from .planner import exact_resolution, plan
+    try:
+        p = plan(chain, planned, name=name)
+    except BudgetError as e:
+        p, err = None, str(e)
+    if ref is not None and (p is None or p.extra_time > ref.extra_time):
+        try:
+            p = plan(chain, planned, name=name, resolution=exact_resolution(chain))
+        except BudgetError as e:
+            p, err = None, str(e)
+    if p is None:
+        return NoFit(name, planned if budget is None else budget, planned, least, err)
+    p.budget = budget
+    return p
+
+
+def plans_for(chain, fractions=(0.0, 0.25, 0.5, 0.75), margin: float = 0.03, budgets=()) -> list:
+    """The plans to measure, in order: the baselines (none, sqrt(n), all); optimal plans for budgets
+    spread between the least feasible peak and the peak without checkpointing, then for the
+    ``budgets`` given (sizes or bytes), each planned ``margin`` below its budget, as :func:`apply`
+    does, so that the measured peak stays within it; and optimal plans at exactly the predicted
+    peaks of the sqrt(n) and checkpoint-all plans (``optimal=sqrt(n)``, ``optimal=all``: the same
+    predicted memory or less, to compare times).
+
+    A budget no plan fits gives a :class:`NoFit` entry instead of a plan (nothing raises). The
+    planner's default rounding (up, on chains of many bytes) can put a baseline's exact peak a few
+    hundred KB below the least peak it reaches, or leave the baseline itself out there; an
+    ``optimal=...`` plan that comes out missing or slower than its baseline is planned again
+    without rounding (:func:`.planner.exact_resolution`), where the baseline fits, so it always
+    comes out with no more predicted memory or recomputation than the baseline."""
+    from .planner import baselines, minimum_budget
+    if not (0 <= margin < 0.5):
+        raise ValueError(f"margin must be a fraction in [0, 0.5), not {margin!r}")
     base = baselines(chain)
     lo, hi = minimum_budget(chain), base[0].peak
     out = list(base)
     for f in fractions:
         target = int(lo + f * (hi - lo))
-        p = plan(chain, target)
         b = -(-target * 1000 // int(1000 * (1 - margin)))     # target <= (1 - margin) * b
-        p.budget, p.name = b, f"optimal@{b / 2**30:.2f}GiB"
-        out.append(p)
+        out.append(_optimal(chain, target, b, f"optimal@{b / 2**30:.2f}GiB", lo))
+    for b in budgets:
+        b = parse_budget(b)
+        out.append(_optimal(chain, int(b * (1 - margin)), b, f"optimal@{b / 2**30:.2f}GiB", lo))
     for ref in base[1:]:
-        p = plan(chain, ref.peak)
-        p.budget, p.name = None, f"optimal={ref.name}"
-        out.append(p)
+        out.append(_optimal(chain, ref.peak, None, f"optimal={ref.name}", lo, ref=ref))
     return out

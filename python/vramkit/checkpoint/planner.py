@@ -24,17 +24,22 @@ import numpy as np
 from .model import BudgetError, Chain, Plan, evaluate, fmt_bytes, parse_budget, segment_terms
 
 
+def exact_resolution(ch: Chain) -> int:
+    """The resolution that rounds nothing: every ``K`` is a sum of act and inp values, so their
+    greatest common divisor loses nothing (allocator sizes are multiples of 512 bytes). Pass it as
+    ``resolution=`` for the exact model on a chain the default rounds (slower on long chains)."""
+    return math.gcd(*ch.act, *ch.inp) or 1
+
+
 def _resolution(ch: Chain, resolution) -> int:
     if resolution is not None:
         r = int(resolution)
         if r < 1:
             raise ValueError(f"resolution must be at least 1 byte, not {resolution}")
         return r
-    # Every K is a sum of act and inp values, so their greatest common divisor loses nothing
-    # (allocator sizes are multiples of 512 bytes); only a chain whose total is more than 2^18
-    # such units is rounded, to 1/65536 of its total.
+    # Only a chain whose total is more than 2^18 exact units is rounded, to 1/65536 of its total.
     total = sum(max(a, x) for a, x in zip(ch.act, ch.inp))
-    g = math.gcd(*ch.act, *ch.inp) or 1
+    g = exact_resolution(ch)
     if total // g <= 1 << 18:
         return g
     return max(g, -(-(total >> 16) // g) * g)
