@@ -72,6 +72,45 @@ def run_plan(build, plan: Plan, *, steps: int = 5, warmup: int = 1, keep_grads: 
     return out
 
 
+def time_plans(build, plans, *, rounds: int = 5, steps: int = 5, warmup: int = 1, blocks=None) -> list:
+    """Step times of several plans on one freshly built model, interleaved to cancel drift.
+
+    Each round applies every plan in turn (the order reversed every other round), runs ``warmup``
+    steps, then times ``steps`` steps; slow changes (clocks, temperature, the allocator's cache
+    filling) then fall on every plan alike instead of on whichever ran at the time. Returns, per
+    plan, one list of step seconds per round. Memory is not measured here (the model carries every
+    plan's history): :func:`run_plan` measures it on a fresh model."""
+    import torch
+    from .wrapping import apply_plan, remove
+    if rounds < 1 or steps < 1 or warmup < 0:
+        raise ValueError(f"need rounds >= 1, steps >= 1 and warmup >= 0 (got {rounds}, {steps}, {warmup})")
+    times = [[] for _ in plans]
+    _release()
+    model, sample, loss_fn, opt = build()
+    try:
+        step = Step(model, sample, loss_fn, opt)
+        for r in range(rounds):
+            order = range(len(plans)) if r % 2 == 0 else range(len(plans) - 1, -1, -1)
+            for i in order:
+                apply_plan(model, plans[i], blocks=blocks)
+                for _ in range(warmup):
+                    step()
+                ev = [torch.cuda.Event(enable_timing=True) for _ in range(steps + 1)]
+                torch.cuda.synchronize()
+                ev[0].record()
+                for k in range(steps):
+                    step()
+                    ev[k + 1].record()
+                ev[-1].synchronize()
+                times[i].append([ev[k].elapsed_time(ev[k + 1]) / 1e3 for k in range(steps)])
+    finally:
+        remove(model)
+        del model, sample, opt
+        step = None
+        _release()
+    return times
+
+
 def profile_fresh(build, **kw):
     """Profile a freshly built model, then free it (so nothing else is live while measuring)."""
     from .profiling import profile
