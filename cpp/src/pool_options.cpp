@@ -76,8 +76,6 @@ void pool_options::validate() const {
     throw invalid_argument("small_segment and large_rounding must be at least the alignment");
   if (!(growth_slack >= 0 && growth_slack <= 100))
     throw invalid_argument("growth_slack " + format_fixed(growth_slack, 4) + " must be between 0 and 100");
-  if (!(remap_budget >= 0 && remap_budget <= 1))
-    throw invalid_argument("remap_budget " + format_fixed(remap_budget, 4) + " must be between 0 and 1");
   if (!(va_factor >= 1 && va_factor <= 64))
     throw invalid_argument("va_factor " + format_fixed(va_factor, 2) + " must be between 1 and 64");
 }
@@ -118,11 +116,10 @@ void pool_options::parse(const std::string& conf) {
       else if (k == "wait_to_remap") o.wait_to_remap = parse_bool(k, v);
       else if (k == "defer_unmap") o.defer_unmap = parse_bool(k, v);
       else if (k == "keep_mappings") o.keep_mappings = parse_bool(k, v);
-      else if (k == "remap_budget") o.remap_budget = parse_real(k, v);
       else
         throw invalid_argument("VRAMKIT_ALLOC_CONF: unknown key '" + k +
                                "' (known: alignment, page_size, small_threshold, small_segment, large_rounding, "
-                               "reserve_limit, release_threshold, growth_slack, remap, wait_to_remap, defer_unmap, remap_budget, keep_mappings, va_factor)");
+                               "reserve_limit, release_threshold, growth_slack, remap, wait_to_remap, defer_unmap, keep_mappings, va_factor)");
     } catch (const invalid_argument&) {
       throw;
     } catch (const std::exception&) {
@@ -148,8 +145,7 @@ std::string pool_options::to_string() const {
   s += release_threshold == static_cast<std::size_t>(-1) ? std::string("max") : to_string(release_threshold);
   s += ",growth_slack:" + format_fixed(growth_slack, 4) + ",remap:" + (remap ? "true" : "false") +
        ",wait_to_remap:" + (wait_to_remap ? "true" : "false") + ",defer_unmap:" + (defer_unmap ? "true" : "false") +
-       ",remap_budget:" + format_fixed(remap_budget, 4) + ",keep_mappings:" + (keep_mappings ? "true" : "false") +
-       ",va_factor:" + format_fixed(va_factor, 2);
+       ",keep_mappings:" + (keep_mappings ? "true" : "false") + ",va_factor:" + format_fixed(va_factor, 2);
   return s;
 }
 

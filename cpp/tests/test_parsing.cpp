@@ -61,12 +61,4 @@ TEST(Parsing, FractionsInOptionsAreWholeNumbers) {
   EXPECT_THROW(o.parse("growth_slack:1e-2"), invalid_argument);
   EXPECT_THROW(o.parse("growth_slack:"), invalid_argument);
   EXPECT_DOUBLE_EQ(o.growth_slack, pool_options{}.growth_slack);  // a refused string changes nothing
-  EXPECT_THROW(o.parse("remap_budget:1.5"), invalid_argument);  // a share of time: 0 to 1
-  EXPECT_THROW(o.parse("remap_budget:-0.1"), invalid_argument);
-  EXPECT_DOUBLE_EQ(o.remap_budget, pool_options{}.remap_budget);
-  o.parse("remap_budget:0.25");
-  EXPECT_DOUBLE_EQ(o.remap_budget, 0.25);
-  pool_options back;
-  back.parse(o.to_string());
-  EXPECT_DOUBLE_EQ(back.remap_budget, 0.25);
 }

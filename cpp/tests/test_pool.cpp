@@ -1,6 +1,5 @@
 // The pool against a reference model, under injected faults, across streams
 // and threads.
-#include <chrono>
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -396,7 +395,6 @@ TEST(pool, wait_to_remap_waits_for_the_stream_instead_of_growing) {
     auto dev = std::make_shared<host_page_device>(64 * GiB);
     pool_options o;
     o.wait_to_remap = wait;
-    o.defer_unmap = false;  // (on, the stream's own pages move at once: neither waits nor grows)
     pool_resource pool(dev, ev, o);
     const stream_t s = 0x10;
     std::vector<void*> v;
@@ -505,67 +503,6 @@ TEST(pool, deferred_pages_never_back_a_page_other_streams_share) {
   pool.check_invariants();
   EXPECT_EQ(rec->destroyed_while_mapped, 0);
   EXPECT_EQ(inner->created_bytes(), 0u);
-}
-
-// remap_budget: with map calls as slow as a GPU's (here 5 us a page), the
-// stream's own pages move at once only while the time moves cost stays within
-// the budget; past it the pool grows instead. Budget 0: never; 1: always.
-TEST(pool, remap_budget_bounds_the_pages_moved_at_once) {
-  struct never_done : stream_ops {
-    event_id record(stream_t) override { return 1; }
-    bool done(event_id) override { return false; }
-    void wait(event_id) override {}
-    void release(event_id) noexcept override {}
-  };
-  class slow_map final : public page_device {
-   public:
-    explicit slow_map(std::shared_ptr<page_device> in) : in_(std::move(in)) {}
-    std::size_t granularity() const noexcept override { return in_->granularity(); }
-    std::size_t capacity() const noexcept override { return in_->capacity(); }
-    std::size_t created_bytes() const noexcept override { return in_->created_bytes(); }
-    std::uintptr_t reserve(std::size_t b) override { return in_->reserve(b); }
-    void unreserve(std::uintptr_t va, std::size_t b) noexcept override { in_->unreserve(va, b); }
-    page_handle create() override { return in_->create(); }
-    void destroy(page_handle h) noexcept override { in_->destroy(h); }
-    void map(std::uintptr_t va, const page_handle* h, std::size_t n) override {
-      auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(5 * n);
-      while (std::chrono::steady_clock::now() < until) {
-      }
-      in_->map(va, h, n);
-    }
-    void unmap(std::uintptr_t va, std::size_t n) noexcept override { in_->unmap(va, n); }
-    int device() const noexcept override { return 0; }
-    std::string name() const override { return "slow"; }
-    device_properties properties() const override { return in_->properties(); }
-
-   private:
-    std::shared_ptr<page_device> in_;
-  };
-  for (double budget : {0.0, 1.0}) {
-    auto dev = std::make_shared<slow_map>(std::make_shared<host_page_device>(64 * GiB));
-    pool_options o;
-    o.defer_unmap = true;
-    o.remap_budget = budget;
-    pool_resource pool(dev, std::make_shared<never_done>(), o);
-    const stream_t s = 0x10;
-    std::vector<void*> v;
-    for (int i = 0; i < 32; ++i) v.push_back(pool.allocate(8 * MiB, s));
-    for (int i = 0; i < 32; i += 2) pool.deallocate_checked(v[i], 0, s);  // 128 MiB in 8 MiB holes
-    std::size_t before = pool.state().reserved_bytes;
-    void* big = pool.allocate(120 * MiB, s);  // fits no hole
-    std::size_t grown = pool.state().reserved_bytes - before;
-    if (budget == 0) {
-      EXPECT_EQ(pool.counters().pages_deferred, 0u) << "moved pages with no budget for it";
-      EXPECT_GE(grown, 100 * MiB);
-    } else {
-      EXPECT_GT(pool.counters().pages_deferred, 0u);
-      EXPECT_LE(grown, 10 * MiB) << "grew by " << grown << " with an unlimited budget";
-    }
-    pool.check_invariants();
-    pool.deallocate_checked(big, 0, s);
-    for (int i = 1; i < 32; i += 2) pool.deallocate_checked(v[i], 0, s);
-    pool.check_invariants();
-  }
 }
 
 // defer_unmap: a request on another stream never waits for this stream's

@@ -68,11 +68,7 @@ bool pool_resource::impl::back(detail::arena* a, std::uintptr_t addr, std::size_
           ctr.pages_unmapped += e - q;
           q = e;
         }
-        const auto t0 = std::chrono::steady_clock::now();
         pages->map(a->base + p * page, &hs[k], run - p);
-        map_ns += static_cast<std::uint64_t>(
-            std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
-        map_pages_timed += run - p;
         for (std::size_t q = p; q < run; ++q) a->phys[q] = hs[k + (q - p)];
         a->top = std::max(a->top, run);
         ctr.pages_mapped += run - p;

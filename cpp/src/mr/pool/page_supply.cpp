@@ -21,19 +21,6 @@ bool pool_resource::impl::may_grow(std::size_t need_live) const {
          (1.0 + opt.growth_slack) * static_cast<double>(std::max(need_live, peak_live));
 }
 
-// Whether a page of the requester's own free blocks may move now
-// (defer_unmap): while the moves so far, at the measured cost of a mapped
-// page, stay within remap_budget of the pool's lifetime. Calls under a
-// microsecond a page (a simulated device) are not worth limiting.
-bool pool_resource::impl::may_defer() const {
-  if (opt.remap_budget >= 1 || map_pages_timed == 0) return true;
-  const double per_page = static_cast<double>(map_ns) / static_cast<double>(map_pages_timed);
-  if (per_page < 1000.0) return true;
-  const double alive =
-      static_cast<double>(std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - born).count());
-  return per_page * static_cast<double>(ctr.pages_deferred + 1) <= opt.remap_budget * alive;
-}
-
 // A new physical page from the device (0 when it has none left), counted.
 page_handle pool_resource::impl::create_page() {
   page_handle h = pages->create();
@@ -198,7 +185,7 @@ bool pool_resource::impl::acquire_some(std::size_t n, std::size_t need_live, std
     // defer_unmap: the requester's own stream freed these; its later work
     // runs after the work that used them, so they can serve it at once, and
     // only their old addresses wait to be unmapped.
-    if (opt.remap && opt.defer_unmap && slot != 0 && out.size() >= clean && slots[slot].steal_head && may_defer() &&
+    if (opt.remap && opt.defer_unmap && slot != 0 && out.size() >= clean && slots[slot].steal_head &&
         steal(slot, n - out.size(), out, true))
       continue;
     if (opt.wait_to_remap && wait_and_steal_own()) continue;  // rather than grow

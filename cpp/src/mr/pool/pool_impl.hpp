@@ -18,7 +18,6 @@
 // the files costs the hot path no call. Each part still compiles on its own.
 #pragma once
 #include <algorithm>
-#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -70,11 +69,6 @@ struct pool_resource::impl {
     event_id ev;
   };
   std::vector<deferred_unmap> deferred;
-  // remap_budget: the time map calls took (per page mapped), and since when
-  // the pool exists.
-  std::chrono::steady_clock::time_point born = std::chrono::steady_clock::now();
-  std::uint64_t map_ns = 0;
-  std::size_t map_pages_timed = 0;
   detail::block_pool blocks;
 
   // Accounting.
@@ -106,7 +100,6 @@ struct pool_resource::impl {
   // ---- page supply (page_supply.cpp) -------------------------------------
   static constexpr int steal_scan = 32;
   bool may_grow(std::size_t need_live) const;
-  bool may_defer() const;
   page_handle create_page();
   std::size_t steal(std::uint32_t slot, std::size_t want, std::vector<page_handle>& out, bool defer = false);
   bool acquire(std::size_t n, std::size_t need_live, std::uint32_t slot, std::vector<page_handle>& out,
