@@ -203,6 +203,8 @@ def test_equal_free_blocks_go_by_segment_address():
         _vramkit.torch_set_segment_addresses(r, [hi])
     with pytest.raises(ValueError, match="not a device address"):
         _vramkit.torch_set_segment_addresses(_vramkit.torch_emulator("torch-default", 0), [hi, 0])
+    with pytest.raises(ValueError, match="not a device address"):  # no overflow counting up past it
+        _vramkit.torch_set_segment_addresses(_vramkit.torch_emulator("torch-default", 0), [(1 << 64) - 512])
 
 
 def test_given_addresses_stop_when_they_would_overlap_a_held_segment():

@@ -219,9 +219,9 @@ void torch_caching_emulator::set_segment_addresses(std::vector<std::uintptr_t> a
   if (ctr_.num_device_alloc || !live_.empty())
     throw invalid_argument(name_ + ": segment addresses must be set before the first allocation");
   for (std::size_t i = 0; i < addresses.size(); ++i)
-    if (addresses[i] == 0 || addresses[i] % kMinBlock)
+    if (addresses[i] == 0 || addresses[i] % kMinBlock || addresses[i] > (std::uintptr_t{1} << 57))
       throw invalid_argument(name_ + ": segment address " + std::to_string(i) + " (" + std::to_string(addresses[i]) +
-                             ") is not a device address (non-zero, 512-byte aligned)");
+                             ") is not a device address (non-zero, 512-byte aligned, under 2^57)");
   given_addrs_ = std::move(addresses);
   given_next_ = 0;
   // counted-up addresses start 1 TiB above the highest given one: past any segment placed there
