@@ -8,7 +8,8 @@
   the program knows: its vramkit allocator's statistics (``vramkit_memory_allocated_bytes`` ..., labels
   ``device`` and ``pid``). Without a driver the device metrics are left out (a comment line says why).
 
-The text is Prometheus exposition format 0.0.4, written with the standard library (``http.server``).
+The text is Prometheus exposition format 0.0.4, served by a small HTTP/1.1 server on one thread (standard
+library only).
 NVML is sampled at most once per ``interval`` however often it is scraped.
 """
 from __future__ import annotations
@@ -16,12 +17,13 @@ from __future__ import annotations
 import argparse
 import operator
 import os
-import queue
+import email.utils
+import selectors
 import signal
+import socket
 import sys
 import threading
 import time
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, Callable, Iterable
 
 from . import NvmlUnavailableError, Snapshotter, open_monitor, unavailable_message
@@ -130,7 +132,8 @@ def render_allocator_metrics(devices: Iterable[int], pid: int | None = None) -> 
 
 class Collector:
     """Builds the ``/metrics`` text. NVML is asked at most once per ``interval`` s (scrapes in between get
-    the cached device sample); the allocator statistics are read on every scrape (they are cheap)."""
+    the cached device sample); the allocator statistics are read on every scrape (they are cheap), except
+    that scrapes the server answers in one pass of its loop (a burst) share one rendering."""
 
     def __init__(self, snapper: Snapshotter | None, *, interval: float = 1.0, processes: bool = True,
                  allocator_devices: list[int] | None = None, nvml_error: str | None = None):
@@ -169,109 +172,251 @@ class Collector:
         return "\n".join(lines) + "\n"
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server_version = "vramkit-exporter"
-    protocol_version = "HTTP/1.1"
-    timeout = 60  # idle keep-alive connections are closed after this
-    # Headers and body go out in two writes; with Nagle's algorithm the second waits for the client's
-    # delayed ACK (~40 ms) on a kept-alive connection, which is how Prometheus scrapes.
-    disable_nagle_algorithm = True
-
-    def _send(self, code: int, body: bytes, ctype: str, head: bool = False) -> None:
-        self.send_response(code)
-        self.send_header("Content-Type", ctype)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if not head:
-            self.wfile.write(body)
-
-    def _handle(self, head: bool) -> None:
-        path = self.path.split("?", 1)[0]
-        if path == "/metrics":
-            try:
-                body = self.server.collector.render().encode("utf-8")  # type: ignore[attr-defined]
-            except Exception as e:
-                self._send(500, f"vramkit exporter: {e}\n".encode(), "text/plain; charset=utf-8", head)
-                return
-            self._send(200, body, CONTENT_TYPE, head)
-        elif path == "/":
-            self._send(200, b'<html><head><title>vramkit exporter</title></head><body><h1>vramkit exporter</h1>'
-                       b'<p><a href="/metrics">Metrics</a></p></body></html>\n', "text/html; charset=utf-8", head)
-        else:
-            self._send(404, b"not found; metrics are at /metrics\n", "text/plain; charset=utf-8", head)
-
-    def do_GET(self) -> None:  # noqa: N802 - http.server's naming
-        self._handle(False)
-
-    def do_HEAD(self) -> None:  # noqa: N802
-        self._handle(True)
-
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - silence per-request logging
-        pass
-
-    def handle(self) -> None:
-        # A scraper that hangs up early is normal (a timeout, a killed curl): not worth a traceback
-        # on the user's stderr, and nothing is left to answer.
-        try:
-            super().handle()
-        except (ConnectionError, TimeoutError):
-            self.close_connection = True
+_INDEX = (b'<html><head><title>vramkit exporter</title></head><body><h1>vramkit exporter</h1>'
+          b'<p><a href="/metrics">Metrics</a></p></body></html>\n')
+_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
+            413: "Content Too Large", 431: "Request Header Fields Too Large", 500: "Internal Server Error",
+            501: "Not Implemented", 505: "HTTP Version Not Supported"}
+_MAX_HEAD = 64 << 10   # request line and headers
+_MAX_BODY = 1 << 20    # a GET with a body is odd but legal: read and dropped up to this size
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    # socketserver's default listen backlog is 5: a burst of scrapes (many Prometheus servers, or
-    # a dashboard fanning out) then waits for SYN retransmits, which take a second or more.
-    request_queue_size = 1024
+class _Conn:
+    __slots__ = ("sock", "inbuf", "out", "last", "closing", "body_left")
 
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        # Disconnects are answered in _Handler.handle; anything else is one line, not a traceback.
-        exc = sys.exc_info()[1]
-        if isinstance(exc, (ConnectionError, TimeoutError)):
-            return
-        print(f"{PROG}: request from {client_address[0]} failed: {exc!r}", file=sys.stderr)
+    def __init__(self, sock: socket.socket, now: float):
+        self.sock = sock
+        self.inbuf = bytearray()
+        self.out = bytearray()
+        self.last = now
+        self.closing = False  # close once ``out`` is sent
+        self.body_left = 0    # bytes of a request body still to drop
 
-    # Connections go to a few kept threads while one of them is idle: starting a thread per
-    # connection was most of the cost of a burst of scrapes. Beyond them each connection still gets
-    # a new thread, since a kept-alive scraper holds its thread until the idle timeout.
-    pooled_threads = 8
+
+class _Server:
+    """HTTP/1.1 on one thread with a selector: every connection is non-blocking and each request is
+    answered as soon as it is complete. A burst of scrapes then costs a parse and a render each,
+    with no thread started or woken per connection (the thread-per-request servers of the standard
+    library spent most of a burst there). Keep-alive (how Prometheus scrapes), HEAD, pipelined
+    requests, partial writes to slow readers and clients that hang up early are handled; a
+    connection idle for ``idle_timeout`` s is closed."""
+
+    idle_timeout = 60.0
+    # The kernel's accept queue: with the usual 5, a burst of scrapes (many Prometheus servers, or a
+    # dashboard fanning out) waits for SYN retransmits, which take a second or more.
+    backlog = 1024
 
     def __init__(self, address: tuple[str, int], collector: Collector):
         self.collector = collector
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._pool_lock = threading.Lock()
-        self._idle = self._pooled = 0
-        if ":" in address[0]:
-            import socket
-            self.address_family = socket.AF_INET6
-        super().__init__(address, _Handler)
+        family = socket.AF_INET6 if ":" in address[0] else socket.AF_INET
+        self._listener = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            self._listener.bind(address)
+            self._listener.listen(self.backlog)
+            self._listener.setblocking(False)
+        except BaseException:
+            self._listener.close()
+            raise
+        self.server_address = self._listener.getsockname()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._sel = selectors.DefaultSelector()
+        self._sel.register(self._listener, selectors.EVENT_READ, "listen")
+        self._sel.register(self._wake_r, selectors.EVENT_READ, "wake")
+        self._conns: dict[int, _Conn] = {}
+        self._stopping = False
+        self._stopped = threading.Event()
+        self._accept_paused_until = 0.0
+        self._batch_body: bytes | None = None
+        self._swept = 0.0
 
-    def process_request(self, request: Any, client_address: Any) -> None:
-        with self._pool_lock:
-            pooled = self._idle > 0 or self._pooled < self.pooled_threads
-            if self._idle > 0:
-                self._idle -= 1
-            elif pooled:
-                self._pooled += 1
-                threading.Thread(target=self._pool_worker, name="vramkit-exporter-worker", daemon=True).start()
-        if pooled:
-            self._jobs.put((request, client_address))
+    # -- the loop ---------------------------------------------------------------------------
+    def serve_forever(self) -> None:
+        try:
+            while not self._stopping:
+                now = time.monotonic()
+                if self._accept_paused_until and now >= self._accept_paused_until:
+                    self._accept_paused_until = 0.0
+                    self._sel.register(self._listener, selectors.EVENT_READ, "listen")
+                self._batch_body = None  # scrapes that arrived together share one render
+                for key, events in self._sel.select(timeout=1.0):
+                    if key.data == "listen":
+                        self._accept()
+                    elif key.data == "wake":
+                        try:
+                            self._wake_r.recv(64)
+                        except OSError:
+                            pass
+                    else:
+                        self._service(key.data, events)
+                now = time.monotonic()
+                if now - self._swept >= 0.25:
+                    self._swept = now
+                    self._sweep(now)
+        finally:
+            self._stopped.set()
+
+    def _accept(self) -> None:
+        now = time.monotonic()
+        for _ in range(256):  # then let the connections already accepted be served
+            try:
+                sock, _ = self._listener.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as e:  # out of file descriptors: stop accepting for a moment, do not spin
+                print(f"{PROG}: cannot accept a connection: {e.strerror or e}", file=sys.stderr)
+                self._sel.unregister(self._listener)
+                self._accept_paused_until = now + 0.5
+                return
+            sock.setblocking(False)
+            # A response that needs several writes (a slow reader) must not wait on delayed ACKs.
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn = _Conn(sock, now)
+            self._conns[sock.fileno()] = conn
+            self._sel.register(sock, selectors.EVENT_READ, conn)
+
+    def _service(self, conn: _Conn, events: int) -> None:
+        try:
+            if events & selectors.EVENT_READ:
+                data = conn.sock.recv(65536)
+                if not data:  # the client closed its side: nothing more to answer
+                    self._close(conn)
+                    return
+                conn.last = time.monotonic()
+                if not conn.closing:
+                    conn.inbuf += data
+                    self._answer(conn)
+            if conn.out:
+                self._flush(conn)
+            elif conn.closing:
+                self._close(conn)
+        except (ConnectionError, TimeoutError):
+            self._close(conn)  # a scraper that hangs up early is normal: nothing to report
+        except Exception as e:  # one bad connection must not stop the exporter
+            print(f"{PROG}: request failed: {e!r}", file=sys.stderr)
+            self._close(conn)
+
+    def _flush(self, conn: _Conn) -> None:
+        try:
+            sent = conn.sock.send(conn.out)
+        except (BlockingIOError, InterruptedError):
+            sent = 0
+        del conn.out[:sent]
+        if conn.out:
+            self._sel.modify(conn.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, conn)
+        elif conn.closing:
+            self._close(conn)
         else:
-            super().process_request(request, client_address)
+            self._sel.modify(conn.sock, selectors.EVENT_READ, conn)
 
-    def _pool_worker(self) -> None:
-        while (job := self._jobs.get()) is not None:
-            self.process_request_thread(*job)  # ThreadingMixIn's: handle, report errors, close
-            with self._pool_lock:
-                self._idle += 1
+    def _close(self, conn: _Conn) -> None:
+        if self._conns.pop(conn.sock.fileno(), None) is not None:
+            self._sel.unregister(conn.sock)
+        conn.sock.close()
+
+    def _sweep(self, now: float) -> None:
+        for conn in [c for c in self._conns.values() if now - c.last > self.idle_timeout]:
+            self._close(conn)
+
+    # -- HTTP -------------------------------------------------------------------------------
+    def _answer(self, conn: _Conn) -> None:
+        """Answer every complete request in ``conn.inbuf``, in order."""
+        while not conn.closing:
+            if conn.body_left:
+                drop = min(conn.body_left, len(conn.inbuf))
+                del conn.inbuf[:drop]
+                conn.body_left -= drop
+                if conn.body_left:
+                    return
+            end = conn.inbuf.find(b"\r\n\r\n")
+            if end < 0:
+                if len(conn.inbuf) > _MAX_HEAD:
+                    self._respond(conn, 431, b"request headers too large\n", close=True)
+                return
+            head = bytes(conn.inbuf[:end])
+            del conn.inbuf[:end + 4]
+            self._request(conn, head)
+
+    def _request(self, conn: _Conn, head: bytes) -> None:
+        lines = head.decode("latin-1").split("\r\n")
+        while lines and not lines[0]:  # stray CRLFs between requests are allowed
+            lines.pop(0)
+        parts = lines[0].split() if lines else []
+        if len(parts) != 3 or not parts[2].startswith("HTTP/"):
+            self._respond(conn, 400, b"bad request line\n", close=True)
+            return
+        method, target, version = parts
+        if version not in ("HTTP/1.0", "HTTP/1.1"):
+            self._respond(conn, 505, b"HTTP/1.0 and HTTP/1.1 only\n", close=True)
+            return
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if not sep or not name or name != name.strip():
+                self._respond(conn, 400, b"bad header line\n", close=True)
+                return
+            headers[name.lower()] = value.strip()
+        tokens = {t.strip().lower() for t in headers.get("connection", "").split(",")}
+        close = "close" in tokens if version == "HTTP/1.1" else "keep-alive" not in tokens
+        if "transfer-encoding" in headers:
+            self._respond(conn, 501, b"request bodies with a transfer-encoding are not accepted\n", close=True)
+            return
+        length = headers.get("content-length", "0")
+        if not length.isdigit():
+            self._respond(conn, 400, b"bad Content-Length\n", close=True)
+            return
+        if int(length) > _MAX_BODY:
+            self._respond(conn, 413, b"request body too large\n", close=True)
+            return
+        conn.body_left = int(length)
+        if method not in ("GET", "HEAD"):
+            self._respond(conn, 405, b"GET or HEAD only\n", close=close, extra="Allow: GET, HEAD\r\n")
+            return
+        head_only = method == "HEAD"
+        path = target.split("?", 1)[0]
+        if path == "/metrics":
+            try:
+                if self._batch_body is None:
+                    self._batch_body = self.collector.render().encode("utf-8")
+                body = self._batch_body
+            except Exception as e:
+                self._respond(conn, 500, f"vramkit exporter: {e}\n".encode(), close=close, head_only=head_only)
+                return
+            self._respond(conn, 200, body, close=close, ctype=CONTENT_TYPE, head_only=head_only)
+        elif path == "/":
+            self._respond(conn, 200, _INDEX, close=close, ctype="text/html; charset=utf-8", head_only=head_only)
+        else:
+            self._respond(conn, 404, b"not found; metrics are at /metrics\n", close=close, head_only=head_only)
+
+    def _respond(self, conn: _Conn, code: int, body: bytes, *, close: bool, ctype: str = "text/plain; charset=utf-8",
+                 head_only: bool = False, extra: str = "") -> None:
+        head = (f"HTTP/1.1 {code} {_REASONS[code]}\r\nServer: vramkit-exporter\r\n"
+                f"Date: {email.utils.formatdate(usegmt=True)}\r\nContent-Type: {ctype}\r\n"
+                f"Content-Length: {len(body)}\r\n{extra}{'Connection: close' + chr(13) + chr(10) if close else ''}\r\n")
+        conn.out += head.encode("latin-1")
+        if not head_only:
+            conn.out += body
+        if close:
+            conn.closing = True
+            conn.inbuf.clear()
+
+    # -- stopping ---------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Stop the loop (from another thread) and wait for it."""
+        self._stopping = True
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass
+        self._stopped.wait(5)
 
     def server_close(self) -> None:
-        super().server_close()
-        with self._pool_lock:
-            for _ in range(self._pooled):
-                self._jobs.put(None)
-            self._pooled = self._idle = 0
+        for conn in list(self._conns.values()):
+            self._close(conn)
+        for s in (self._listener, self._wake_r, self._wake_w):
+            s.close()
+        self._sel.close()
 
 
 class Exporter:
@@ -319,7 +464,7 @@ def _serve(collector: Collector, port: int, address: str) -> Exporter:
         print(f"{PROG}: warning: listening on every interface ({address or '0.0.0.0'}:{port}): any machine "
               "that reaches this one can read the metrics (there is no authentication)", file=sys.stderr)
     server = _Server((address, port), collector)
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.25},
+    thread = threading.Thread(target=server.serve_forever,
                               name="vramkit-exporter", daemon=True)
     thread.start()
     return Exporter(server, thread)
