@@ -19,14 +19,17 @@ def random_chain(rng: random.Random, n: int, scale: int = 1) -> Chain:
     """Every field random, including the transients, so each term of the model can bind."""
     act = [rng.randint(1, 20) * scale for _ in range(n)]
     inp = [rng.randint(1, 8) * scale for _ in range(n)]
-    return Chain(act=act, inp=inp, time=[rng.choice([0.5, 1.0, 1.5, 2.0, 3.25]) * rng.randint(1, 4) for _ in range(n)],
-                 saves_input=[rng.random() < 0.5 for _ in range(n)],
-                 fwd=[rng.randint(0, 12) * scale for _ in range(n)],
-                 fwd_nograd=[rng.randint(0, 8) * scale for _ in range(n)],
-                 bwd=[rng.randint(0, 15) * scale for _ in range(n)],
-                 grad_in=[rng.randint(0, 6) * scale for _ in range(n)],
-                 base=rng.randint(0, 30) * scale, head=rng.randint(0, 25) * scale,
-                 fixed_peak=rng.randint(0, 40) * scale)
+    ch = Chain(act=act, inp=inp, time=[rng.choice([0.5, 1.0, 1.5, 2.0, 3.25]) * rng.randint(1, 4) for _ in range(n)],
+               saves_input=[rng.random() < 0.5 for _ in range(n)],
+               fwd=[rng.randint(0, 12) * scale for _ in range(n)],
+               fwd_nograd=[rng.randint(0, 8) * scale for _ in range(n)],
+               bwd=[rng.randint(0, 15) * scale for _ in range(n)],
+               grad_in=[rng.randint(0, 6) * scale for _ in range(n)],
+               base=rng.randint(0, 30) * scale, head=rng.randint(0, 25) * scale,
+               fixed_peak=rng.randint(0, 40) * scale)
+    if rng.random() < 0.5:  # a recomputed block's backward measured apart, above or below the kept one's
+        ch.bwd_remat = [max(0, b + rng.randint(-6, 3) * scale) for b in ch.bwd]
+    return ch
 
 
 def all_outcomes(ch: Chain):
@@ -283,6 +286,42 @@ def test_chain_validation_and_json_roundtrip(tmp_path):
     bad.write_text("{not json")
     with pytest.raises(ValueError, match="not a chain JSON"):
         Chain.load(str(bad))
+
+
+def test_recomputed_backward_peak_is_used_for_checkpointed_blocks():
+    # ViT-B/16 as profiled on an H200 (MiB): a recomputed block's backward peaks 70 MiB below the
+    # kept one's. Without bwd_remat the model says checkpointing the last block saves nothing;
+    # with it, checkpoint-all is the least-memory plan and the planner reaches it.
+    n = 12
+    kw = dict(act=[592 * MiB] * n, inp=[37 * MiB] * n, time=[1.1e-3] * n, saves_input=[True] * n,
+              fwd=[629 * MiB] * n, fwd_nograd=[370 * MiB] * n, bwd=[(570 - 27 * i) * MiB for i in range(n)],
+              grad_in=[(339 - 27 * i) * MiB for i in range(n)], base=1093 * MiB, head=114 * MiB,
+              fixed_peak=1756 * MiB)
+    old = Chain(**kw)
+    new = Chain(**kw, bwd_remat=[b - 70 * MiB for b in kw["bwd"]])
+    eleven = [(i, i + 1, True) for i in range(11)] + [(11, 12, False)]
+    assert evaluate(old, eleven) == evaluate(new, eleven)          # the plain last block: unchanged
+    assert ck.checkpoint_all(old).peak == evaluate(old, eleven)[0]
+    assert ck.checkpoint_all(new).peak == ck.checkpoint_all(old).peak - 70 * MiB
+    least = ck.minimum_budget(new, resolution=1)
+    assert least <= ck.checkpoint_all(new).peak < evaluate(new, eleven)[0]
+    p = ck.plan(new, ck.checkpoint_all(new).peak)
+    assert p.checkpointed == list(range(n)) and p.extra_time <= ck.checkpoint_all(new).extra_time + 1e-12
+    # The plain blocks of a plan keep using bwd: the un-checkpointed plan is unchanged.
+    assert ck.no_checkpoint(new).peak == ck.no_checkpoint(old).peak
+    with pytest.raises(ValueError, match="'bwd_remat' has 11 entries for 12 blocks"):
+        Chain(**kw, bwd_remat=kw["bwd"][:11])
+
+
+def test_chain_json_without_bwd_remat_still_loads(tmp_path):
+    ch = random_chain(random.Random(11), 4, 512)
+    ch.bwd_remat = None
+    d = ch.to_dict()
+    del d["bwd_remat"]                       # a chain saved before the field existed
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps(d))
+    back = Chain.load(str(path))
+    assert back.bwd_remat is None and back == ch
 
 
 def test_evaluate_rejects_bad_segments():

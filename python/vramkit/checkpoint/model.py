@@ -20,6 +20,10 @@ parts. Definitions, with ``K`` the bytes kept by the segments before the one con
 - ``bwd[i]``: backward peak of block i minus ``base + act[0] + ... + act[i]`` (gradients live
   then, the incoming gradient, temporaries).
 - ``grad_in[i]``: memory when block i's backward starts minus ``base + act[0..i]``.
+- ``bwd_remat[i]`` (optional): the same as ``bwd[i]`` when block i's activations were recomputed
+  (measured with every block checkpointed on its own: backward peak minus ``base + K + u + act[i]``).
+  A recomputed block's backward need not peak where the kept block's does (on ViT-B it is 70 MiB
+  lower); without it ``bwd`` stands for both.
 - ``head``: peak from the end of the last block's forward to the start of its backward (final
   layers, loss and their backward) minus ``base + sum(act)``.
 - ``fixed_peak``: the peak before block 0 runs and after block 0's backward (embedding
@@ -53,6 +57,7 @@ class Chain:
     fwd_nograd: list = None
     bwd: list = None
     grad_in: list = None
+    bwd_remat: list = None
     base: int = 0
     head: int = 0
     fixed_peak: int = 0
@@ -68,11 +73,16 @@ class Chain:
         for name in ("fwd", "fwd_nograd", "bwd", "grad_in"):
             if getattr(self, name) is None:
                 setattr(self, name, list(zeros))
-        for name in ("act", "inp", "fwd", "fwd_nograd", "bwd", "grad_in", "names", "saves_input", "time"):
+        fields = ["act", "inp", "fwd", "fwd_nograd", "bwd", "grad_in", "names", "saves_input", "time"]
+        sizes = ["act", "inp", "fwd", "fwd_nograd", "bwd", "grad_in"]
+        if self.bwd_remat is not None:
+            fields.append("bwd_remat")
+            sizes.append("bwd_remat")
+        for name in fields:
             v = getattr(self, name)
             if len(v) != n:
                 raise ValueError(f"chain field {name!r} has {len(v)} entries for {n} blocks")
-        for name in ("act", "inp", "fwd", "fwd_nograd", "bwd", "grad_in"):
+        for name in sizes:
             vals = [int(x) for x in getattr(self, name)]
             if name in ("act", "inp") and any(x < 0 for x in vals):
                 raise ValueError(f"chain field {name!r} holds a negative size")
@@ -149,6 +159,7 @@ def segment_terms(ch: Chain, l: int, r: int, ckpt: bool) -> tuple:
             raise ValueError("a plain segment is one block")
         return ch.act[l], max(ch.inp[l] + ch.fwd[l], ch.act[l] + ch.bwd[l]), 0.0
     x, a = ch.inp, ch.act
+    bw = ch.bwd if ch.bwd_remat is None else ch.bwd_remat
     u = 0 if ch.saves_input[l] else x[l]     # the kept input, when a[l] does not hold it
     g = ch.grad_in[r - 1]                    # gradients live when the segment's backward starts
     local = max(x[l] + ch.fwd_nograd[l],     # forward of the first block (nothing saved)
@@ -158,7 +169,7 @@ def segment_terms(ch: Chain, l: int, r: int, ckpt: bool) -> tuple:
         if j > l:
             local = max(local, x[l] + x[j] + ch.fwd_nograd[j], g + u + acc + x[j] + ch.fwd[j])
         acc += a[j]
-        local = max(local, u + acc + ch.bwd[j])  # backward of j with l..j rematerialized
+        local = max(local, u + acc + bw[j])      # backward of j with l..j rematerialized
     return x[l], local, sum(ch.time[l:r])
 
 
