@@ -57,7 +57,7 @@ def copy_bandwidth(torch, nbytes: int, iters: int) -> float:
     return 2 * nbytes / ms / 1e6
 
 
-def kernel_rows(torch, lib, check, sizes_mib, iters, rows):
+def kernel_rows(torch, lib, check, sizes_mib, iters, rows, tag="", sweep=True):
     from vramkit.quant._formats import DEFAULT_BLOCK, DTYPES, FORMATS, FOUR_BIT
     stream = torch.cuda.current_stream().cuda_stream
     dev = torch.cuda.current_device()
@@ -84,7 +84,9 @@ def kernel_rows(torch, lib, check, sizes_mib, iters, rows):
     for size in sizes_mib:
         for dname in ("float32", "bfloat16"):
             for fmt in FORMATS:
-                one(size, dname, fmt, DEFAULT_BLOCK[fmt])
+                one(size, dname, fmt, DEFAULT_BLOCK[fmt], tag)
+    if not sweep:
+        return
     for fmt in ("int8", "nf4"):  # block sweep, 1 GiB of fp32
         for block in (32, 128, 1024, 4096):
             one(max(sizes_mib), "float32", fmt, block, tag="-blocks")
@@ -224,7 +226,15 @@ def main() -> int:
     ap.add_argument("--sizes", default="256,1024", help="input sizes in MiB")
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--no-model", action="store_true")
+    ap.add_argument("--launch", default="", help="also time the kernels under these launch shapes, comma-separated "
+                    "TILE:GRID with TILE 4096 or 8192 and GRID persistent or tiles (vramkit.quant.set_launch)")
     args = ap.parse_args()
+    launches = []
+    for item in filter(None, args.launch.split(",")):
+        tile, _, grid = item.partition(":")
+        if not tile.isdigit() or grid not in ("persistent", "tiles"):
+            ap.error(f"--launch: {item!r} is not TILE:GRID (e.g. 8192:tiles)")
+        launches.append((int(tile), grid))
     import torch
 
     import vramkit.quant as vq
@@ -240,6 +250,12 @@ def main() -> int:
     for s in sizes:
         res["copy_gbps"][s] = copy_bandwidth(torch, s * MiB, args.iters)
     kernel_rows(torch, lib, check, sizes, args.iters, res["rows"])
+    try:
+        for tile, grid in launches:
+            vq.set_launch(tile, grid)
+            kernel_rows(torch, lib, check, sizes, args.iters, res["rows"], tag=f"@{tile}/{grid}", sweep=False)
+    finally:
+        vq.set_launch()
     api_rows(torch, args.iters, max(sizes), res["rows"])
     anchor_rows(torch, args.iters, max(sizes), res["rows"], res["notes"])
     res["errors"] = error_rows(torch)
@@ -278,6 +294,18 @@ def main() -> int:
                   f"({r['loss_change']:+.4f}), KL {r['kl']:.2e}, top-1 agreement {100 * r['top1_agreement']:.2f}%")
     for note in res["notes"]:
         print("note:", note)
+    if launches:
+        shapes = ["kernel"] + [f"kernel@{t}/{g}" for t, g in launches]
+        by = {(r["kind"], r["op"], r["format"], r["dtype"], r["size_mib"]): r["pct_copy"] for r in res["rows"]}
+        print("\n% of copy bandwidth by launch shape (\"kernel\" is the default: 4096/persistent):")
+        print(f"{'op':7s} {'format':13s} {'dtype':9s} {'MiB':>5s} " + " ".join(f"{s:>22s}" for s in shapes))
+        keys = sorted({k[1:] for k in by if k[0] == "kernel"}, key=lambda k: (k[3], k[2], k[1], k[0]))
+        for k in keys:
+            print(f"{k[0]:7s} {k[1]:13s} {k[2]:9s} {k[3]:5d} " + " ".join(f"{by.get((s,) + k, float('nan')):21.1f}%" for s in shapes))
+        res["min_pct_copy_by_launch"] = {s: min(v for kk, v in by.items() if kk[0] == s and kk[4] >= 256) for s in shapes}
+        print("slowest kernel by launch shape: " + ", ".join(f"{s} {v:.1f}%" for s, v in res["min_pct_copy_by_launch"].items()))
+        with open(args.out, "w") as f:
+            json.dump(res, f, indent=1, default=str)
     worst = min(kern, key=lambda r: r["pct_copy"])
     print(f"\nslowest kernel on >= 256 MiB: {worst['op']} {worst['format']} {worst['dtype']} {worst['size_mib']} MiB at "
           f"{worst['pct_copy']:.1f}% of copy bandwidth (goal 90%): {'met' if worst['pct_copy'] >= 90 else 'NOT met'}; "

@@ -117,10 +117,10 @@ __device__ void build_tables(shared_tables<F>& t) {
   }
 }
 
-template <int F, typename T, bool VEC>
+template <int F, typename T, bool VEC, int TILE>
 __global__ void __launch_bounds__(kThreads) encode_kernel(const T* __restrict__ x, int64_t n, int log2b,
                                                           uint8_t* __restrict__ codes, float* __restrict__ absmax) {
-  constexpr int V = elem<T>::V, R = kTile / (kThreads * V), LOG2V = V == 4 ? 2 : 3;
+  constexpr int V = elem<T>::V, R = TILE / (kThreads * V), LOG2V = V == 4 ? 2 : 3;
   constexpr table_spec spec = spec_of(F);
   __shared__ shared_tables<F> tables;
   __shared__ float part[kThreads / 32];  // one absmax per warp, for blocks that span warps
@@ -133,9 +133,9 @@ __global__ void __launch_bounds__(kThreads) encode_kernel(const T* __restrict__ 
   const int log2g = log2b - LOG2V, G = 1 << log2g;  // vectors per block
   const int width = G < 32 ? G : 32;
   const int rows_per_block = G <= 32 ? 1 : (G >> 5) < R ? (G >> 5) : R;
-  const int64_t ntiles = (n + kTile - 1) / kTile;
+  const int64_t ntiles = (n + TILE - 1) / TILE;
   for (int64_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
-    const int64_t base = tile * kTile;
+    const int64_t base = tile * TILE;
     float v[R][V], m[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) load_vec<T, VEC>(x, base + static_cast<int64_t>(warp * 32 * R + r * 32 + lane) * V, n, v[r]);
@@ -232,11 +232,11 @@ __device__ __forceinline__ float dec_value(uint32_t c, const float* lut) {
   }
 }
 
-template <int F, typename T, bool VEC>
+template <int F, typename T, bool VEC, int TILE>
 __global__ void __launch_bounds__(kThreads) decode_kernel(const uint8_t* __restrict__ codes, const float* __restrict__ absmax,
                                                           const uint8_t* __restrict__ q8, const float* __restrict__ params,
                                                           int64_t n, int log2b, T* __restrict__ out) {
-  constexpr int V = elem<T>::V, R = kTile / (kThreads * V);
+  constexpr int V = elem<T>::V, R = TILE / (kThreads * V);
   constexpr int CB = is_4bit(F) ? V / 2 : V;  // code bytes per vector
   __shared__ float lut[F == VK_QUANT_INT8_DYNAMIC ? 256 : 16];
   if constexpr (is_table(F)) {
@@ -244,9 +244,9 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const uint8_t* __restr
     __syncthreads();
   }
   const int tid = threadIdx.x;
-  const int64_t ntiles = (n + kTile - 1) / kTile;
+  const int64_t ntiles = (n + TILE - 1) / TILE;
   for (int64_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
-    const int64_t base = tile * kTile;
+    const int64_t base = tile * TILE;
     uint32_t cw[R][2];
     float s[R];
 #pragma unroll
@@ -398,35 +398,57 @@ int on_device(int device, Fn&& fn) {
   return rc;
 }
 
-template <int F, typename T>
-int encode_as(const void* x, int64_t n, int log2b, void* codes, float* absmax, int device, cudaStream_t st) {
-  const int64_t tiles = (n + kTile - 1) / kTile;
-  const bool vec = aligned(x, 16) && aligned(codes, 8);
-  auto* xp = static_cast<const T*>(x);
-  auto* cp = static_cast<uint8_t*>(codes);
-  if (vec)
-    encode_kernel<F, T, true><<<grid_for<encode_kernel<F, T, true>>(tiles, device), kThreads, 0, st>>>(xp, n, log2b, cp, absmax);
-  else
-    encode_kernel<F, T, false><<<grid_for<encode_kernel<F, T, false>>(tiles, device), kThreads, 0, st>>>(xp, n, log2b, cp, absmax);
+// Launch shape, process-wide (vk_quant_set_launch): the elements a thread block takes at a time,
+// and whether the grid is persistent (as many blocks as are resident, each looping over tiles) or
+// one block per tile (the hardware's scheduler then balances the last wave).
+std::atomic<int> g_tile{kTile};
+std::atomic<int> g_grid_mode{0};
+
+template <auto Kernel>
+unsigned grid_of(int64_t tiles, int device) {
+  if (g_grid_mode.load(std::memory_order_relaxed) == 1)
+    return static_cast<unsigned>(tiles < INT32_MAX ? (tiles > 0 ? tiles : 1) : INT32_MAX);
+  return grid_for<Kernel>(tiles, device);
+}
+
+template <int F, typename T, bool VEC, int TILE>
+int launch_encode(const T* x, int64_t n, int log2b, uint8_t* codes, float* absmax, int device, cudaStream_t st) {
+  constexpr auto kernel = encode_kernel<F, T, VEC, TILE>;
+  kernel<<<grid_of<kernel>((n + TILE - 1) / TILE, device), kThreads, 0, st>>>(x, n, log2b, codes, absmax);
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? VK_QUANT_OK : cuda_fail(e, "vk_quant_encode: kernel launch");
 }
 
 template <int F, typename T>
+int encode_as(const void* x, int64_t n, int log2b, void* codes, float* absmax, int device, cudaStream_t st) {
+  const bool vec = aligned(x, 16) && aligned(codes, 8);
+  auto* xp = static_cast<const T*>(x);
+  auto* cp = static_cast<uint8_t*>(codes);
+  if (!vec) return launch_encode<F, T, false, kTile>(xp, n, log2b, cp, absmax, device, st);
+  if (g_tile.load(std::memory_order_relaxed) == 2 * kTile)
+    return launch_encode<F, T, true, 2 * kTile>(xp, n, log2b, cp, absmax, device, st);
+  return launch_encode<F, T, true, kTile>(xp, n, log2b, cp, absmax, device, st);
+}
+
+template <int F, typename T, bool VEC, int TILE>
+int launch_decode(const uint8_t* codes, const float* absmax, const uint8_t* q8, const float* params, int64_t n,
+                  int log2b, T* out, int device, cudaStream_t st) {
+  constexpr auto kernel = decode_kernel<F, T, VEC, TILE>;
+  kernel<<<grid_of<kernel>((n + TILE - 1) / TILE, device), kThreads, 0, st>>>(codes, absmax, q8, params, n, log2b, out);
+  const cudaError_t e = cudaGetLastError();
+  return e == cudaSuccess ? VK_QUANT_OK : cuda_fail(e, "vk_quant_decode: kernel launch");
+}
+
+template <int F, typename T>
 int decode_as(const void* codes, const float* absmax, const uint8_t* q8, const float* params, int64_t n, int log2b,
               void* out, int device, cudaStream_t st) {
-  const int64_t tiles = (n + kTile - 1) / kTile;
   const bool vec = aligned(out, 16) && aligned(codes, 8);
   auto* cp = static_cast<const uint8_t*>(codes);
   auto* op = static_cast<T*>(out);
-  if (vec)
-    decode_kernel<F, T, true><<<grid_for<decode_kernel<F, T, true>>(tiles, device), kThreads, 0, st>>>(
-        cp, absmax, q8, params, n, log2b, op);
-  else
-    decode_kernel<F, T, false><<<grid_for<decode_kernel<F, T, false>>(tiles, device), kThreads, 0, st>>>(
-        cp, absmax, q8, params, n, log2b, op);
-  const cudaError_t e = cudaGetLastError();
-  return e == cudaSuccess ? VK_QUANT_OK : cuda_fail(e, "vk_quant_decode: kernel launch");
+  if (!vec) return launch_decode<F, T, false, kTile>(cp, absmax, q8, params, n, log2b, op, device, st);
+  if (g_tile.load(std::memory_order_relaxed) == 2 * kTile)
+    return launch_decode<F, T, true, 2 * kTile>(cp, absmax, q8, params, n, log2b, op, device, st);
+  return launch_decode<F, T, true, kTile>(cp, absmax, q8, params, n, log2b, op, device, st);
 }
 
 template <template <int, typename> class Op, typename... A>
@@ -501,6 +523,18 @@ extern "C" int vk_quant_compress_scales(const float* absmax, int64_t nblocks, ui
     const cudaError_t e = cudaGetLastError();
     return e == cudaSuccess ? VK_QUANT_OK : cuda_fail(e, "vk_quant_compress_scales: kernel launch");
   });
+}
+
+extern "C" int vk_quant_set_launch(int tile, int grid_mode) {
+  if (tile != 0 && tile != kTile && tile != 2 * kTile)
+    return fail(VK_QUANT_EINVAL, "vk_quant_set_launch: tile must be 0 (default), " + std::to_string(kTile) + " or " +
+                                     std::to_string(2 * kTile) + " (got " + std::to_string(tile) + ")");
+  if (grid_mode != 0 && grid_mode != 1)
+    return fail(VK_QUANT_EINVAL, "vk_quant_set_launch: grid_mode must be 0 (persistent) or 1 (a block per tile), not " +
+                                     std::to_string(grid_mode));
+  g_tile.store(tile == 0 ? kTile : tile);
+  g_grid_mode.store(grid_mode);
+  return VK_QUANT_OK;
 }
 
 extern "C" const char* vk_quant_last_error(void) { return g_error.c_str(); }

@@ -89,6 +89,24 @@ def test_gpu_equals_reference(fmt, dtype):
         check_against_reference(x, q, fmt, block, dtype, f"{fmt} {dtype} n={n} block={block}")
 
 
+@pytest.mark.parametrize("launch", [(8192, "persistent"), (4096, "tiles"), (8192, "tiles")],
+                         ids=lambda v: f"{v[0]}-{v[1]}" if isinstance(v, tuple) else v)
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_launch_shapes_give_the_same_bits(launch, dtype):
+    """Every launch shape (vramkit.quant.set_launch) gives the reference's bits: tiles of 8192
+    elements, one thread block per tile, partial last tiles, every block size."""
+    try:
+        vq.set_launch(*launch)
+        for fmt in FORMATS:
+            for i, (n, block) in enumerate([(62, 64), (4096, 4096), (3 * 4096 + 2, 512), (5 * 8192 + 6, 32),
+                                            ((1 << 20) + 38, 64), ((1 << 20) + 38, 4096)]):
+                x = randn(n, dtype, seed=2000 + i)
+                q = vq.quantize(x, fmt, block=block)
+                check_against_reference(x, q, fmt, block, dtype, f"{fmt} {dtype} n={n} block={block} {launch}")
+    finally:
+        vq.set_launch()
+
+
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_gpu_unaligned_pointers(fmt):
     """Slices starting off a 16-byte boundary take the kernels' scalar path: same bits."""

@@ -329,3 +329,22 @@ def test_kernel_library_refuses_bad_arguments():
         assert words in lib.vk_quant_last_error().decode()
     assert lib.vk_quant_encode(0, 0, None, 0, 64, None, None, 0, None) == 0  # nothing to do
     assert lib.vk_quant_pointer_device(ctypes.c_void_p(12345)) == -1 or vramkit.backend() == "cuda"
+
+
+def test_set_launch_checks_its_arguments():
+    """The launch shape is a process-wide tuning knob: only the shapes the library has are taken,
+    and a refused call leaves the current shape alone (runs without a GPU)."""
+    if not vq.kernels_available():
+        pytest.skip("vramkit was built without its CUDA kernels (no nvcc)")
+    from vramkit.quant._arrays import library
+    with pytest.raises(ValueError, match="tile must be 0 \\(default\\), 4096 or 8192 \\(got 1000\\)"):
+        vq.set_launch(1000)
+    with pytest.raises(ValueError, match="grid must be 'persistent' or 'tiles'"):
+        vq.set_launch(4096, "blocks")
+    with pytest.raises(TypeError, match="tile must be an int"):
+        vq.set_launch("8192")
+    assert library().vk_quant_set_launch(4096, 2) == 1
+    assert "grid_mode must be 0" in library().vk_quant_last_error().decode()
+    vq.set_launch(8192, "tiles")
+    vq.set_launch()
+

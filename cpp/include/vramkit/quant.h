@@ -50,6 +50,12 @@ int vk_quant_decode(int format, int dtype, const void* codes, const float* absma
 /* The device that owns a pointer (device or managed memory), or -1 for host or unknown memory. */
 int vk_quant_pointer_device(const void* p);
 
+/* How later launches are shaped, for the whole process (a tuning knob for benchmarks; results do
+ * not depend on it): tile = elements a thread block takes at a time, 0 for the default (4096) or
+ * 8192; grid_mode = 0: a persistent grid (the resident thread blocks loop over the tiles, the
+ * default), 1: one thread block per tile. Returns 0 or VK_QUANT_EINVAL. */
+int vk_quant_set_launch(int tile, int grid_mode);
+
 /* The message of this thread's last failed call ("" when none). */
 const char* vk_quant_last_error(void);
 

@@ -31,9 +31,22 @@ from ._arrays import Arr, check, describe, kernels_available, library
 from ._formats import (DEFAULT_BLOCK, DTYPES, FORMATS, FOUR_BIT, ITEMSIZE, SCALE_GROUP, check_block,
                        check_format)
 
-__all__ = ["quantize", "dequantize", "QuantizedBuffer", "FORMATS", "kernels_available"]
+__all__ = ["quantize", "dequantize", "QuantizedBuffer", "FORMATS", "kernels_available", "set_launch"]
 
 _ALIGN = 256  # each part of a buffer's storage starts on this boundary
+
+
+def set_launch(tile: int = 0, grid: str = "persistent") -> None:
+    """Shape of the kernels' later launches, for the whole process: a tuning knob for benchmarks
+    (codes and values do not depend on it). ``tile``: elements a thread block takes at a time,
+    0 for the default (4096) or 8192; ``grid``: ``"persistent"`` (the resident thread blocks loop
+    over the tiles, the default) or ``"tiles"`` (one thread block per tile)."""
+    modes = {"persistent": 0, "tiles": 1}
+    if isinstance(tile, bool) or not isinstance(tile, int):
+        raise TypeError(f"set_launch: tile must be an int, not {type(tile).__name__}")
+    if grid not in modes:
+        raise ValueError(f"set_launch: grid must be 'persistent' or 'tiles', not {grid!r}")
+    check(library().vk_quant_set_launch(tile, modes[grid]))
 
 
 def _align(n: int, a: int = _ALIGN) -> int:
