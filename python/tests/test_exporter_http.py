@@ -142,6 +142,29 @@ def test_a_slow_reader_gets_every_byte_and_others_are_served_meanwhile(exp):
     assert len(got) == n and all(c == 200 and b"vramkit_" in body for c, _, body in got)
 
 
+def test_a_client_that_does_not_read_holds_back_its_requests_not_memory(exp):
+    # 4,000 pipelined scrapes (about 6 MB of answers), then the client's end of sending, and no
+    # reading for a while: the server keeps at most a few MiB pending for it, answers the rest as
+    # it reads, and only closes once everything asked for was sent.
+    from vramkit.monitor.exporter import _MAX_OUT
+    n = 4000
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.settimeout(20)
+    s.connect(("127.0.0.1", exp.port))
+    s.sendall(b"GET /metrics HTTP/1.1\r\n\r\n" * n)
+    s.shutdown(socket.SHUT_WR)
+    time.sleep(0.5)
+    conns = list(exp._server._conns.values())
+    assert len(conns) == 1 and len(conns[0].out) < _MAX_OUT + (64 << 10)
+    data = b""
+    while chunk := s.recv(1 << 16):
+        data += chunk
+    s.close()
+    got = _responses(data)
+    assert len(got) == n and all(c == 200 for c, _, _ in got)
+
+
 def test_idle_connections_are_closed(exp, monkeypatch):
     exp._server.idle_timeout = 0.5
     with socket.create_connection(("127.0.0.1", exp.port), timeout=5) as s:

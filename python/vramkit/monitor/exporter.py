@@ -179,10 +179,11 @@ _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Al
             501: "Not Implemented", 505: "HTTP Version Not Supported"}
 _MAX_HEAD = 64 << 10   # request line and headers
 _MAX_BODY = 1 << 20    # a GET with a body is odd but legal: read and dropped up to this size
+_MAX_OUT = 4 << 20     # unsent response bytes of one connection before its requests wait
 
 
 class _Conn:
-    __slots__ = ("sock", "inbuf", "out", "last", "closing", "body_left")
+    __slots__ = ("sock", "inbuf", "out", "last", "closing", "body_left", "mask")
 
     def __init__(self, sock: socket.socket, now: float):
         self.sock = sock
@@ -191,6 +192,7 @@ class _Conn:
         self.last = now
         self.closing = False  # close once ``out`` is sent
         self.body_left = 0    # bytes of a request body still to drop
+        self.mask = selectors.EVENT_READ  # what the selector watches for
 
 
 class _Server:
@@ -280,17 +282,15 @@ class _Server:
         try:
             if events & selectors.EVENT_READ:
                 data = conn.sock.recv(65536)
-                if not data:  # the client closed its side: nothing more to answer
-                    self._close(conn)
-                    return
-                conn.last = time.monotonic()
-                if not conn.closing:
-                    conn.inbuf += data
-                    self._answer(conn)
-            if conn.out:
-                self._flush(conn)
-            elif conn.closing:
-                self._close(conn)
+                if not data:  # the client is done sending; what it asked for is still answered
+                    conn.closing = True
+                    conn.inbuf.clear()
+                else:
+                    conn.last = time.monotonic()
+                    if not conn.closing:
+                        conn.inbuf += data
+                        self._answer(conn)
+            self._flush(conn)
         except (ConnectionError, TimeoutError):
             self._close(conn)  # a scraper that hangs up early is normal: nothing to report
         except Exception as e:  # one bad connection must not stop the exporter
@@ -298,17 +298,26 @@ class _Server:
             self._close(conn)
 
     def _flush(self, conn: _Conn) -> None:
-        try:
-            sent = conn.sock.send(conn.out)
-        except (BlockingIOError, InterruptedError):
-            sent = 0
-        del conn.out[:sent]
+        """Send what is pending; answer requests held back while too much was pending; close a
+        finished connection; watch the socket for what it can do next."""
         if conn.out:
-            self._sel.modify(conn.sock, selectors.EVENT_READ | selectors.EVENT_WRITE, conn)
-        elif conn.closing:
+            try:
+                sent = conn.sock.send(conn.out)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            del conn.out[:sent]
+            if conn.inbuf and not conn.closing and len(conn.out) < _MAX_OUT:
+                self._answer(conn)  # a pipelining client that reads slowly: its next requests
+        if not conn.out and conn.closing:
             self._close(conn)
-        else:
-            self._sel.modify(conn.sock, selectors.EVENT_READ, conn)
+            return
+        # Reading stops while a client leaves a lot unread (no memory grows for it) and after it
+        # is done sending (an end of file would otherwise be reported again and again).
+        mask = (selectors.EVENT_WRITE if conn.out else 0) | \
+            (selectors.EVENT_READ if not conn.closing and len(conn.out) < _MAX_OUT else 0)
+        if mask != conn.mask:
+            self._sel.modify(conn.sock, mask, conn)
+            conn.mask = mask
 
     def _close(self, conn: _Conn) -> None:
         if self._conns.pop(conn.sock.fileno(), None) is not None:
@@ -321,8 +330,8 @@ class _Server:
 
     # -- HTTP -------------------------------------------------------------------------------
     def _answer(self, conn: _Conn) -> None:
-        """Answer every complete request in ``conn.inbuf``, in order."""
-        while not conn.closing:
+        """Answer the complete requests in ``conn.inbuf``, in order, while not too much is pending."""
+        while not conn.closing and len(conn.out) < _MAX_OUT:
             if conn.body_left:
                 drop = min(conn.body_left, len(conn.inbuf))
                 del conn.inbuf[:drop]
