@@ -29,6 +29,8 @@ def random_chain(rng: random.Random, n: int, scale: int = 1) -> Chain:
                fixed_peak=rng.randint(0, 40) * scale)
     if rng.random() < 0.5:  # a recomputed block's backward measured apart, above or below the kept one's
         ch.bwd_remat = [max(0, b + rng.randint(-6, 3) * scale) for b in ch.bwd]
+    if rng.random() < 0.5:  # what checkpoints hold besides their inputs (an attention mask)
+        ch.ckpt_extra = rng.randint(1, 12) * scale
     return ch
 
 
@@ -313,11 +315,46 @@ def test_recomputed_backward_peak_is_used_for_checkpointed_blocks():
         Chain(**kw, bwd_remat=kw["bwd"][:11])
 
 
+def test_what_checkpoints_hold_counts_from_the_first_checkpointed_segment():
+    # GPT-2 as profiled on an H200: the head (logits, loss) is the peak; a plan with any checkpointed
+    # block measured 30-36 MiB above the model without ckpt_extra (the attention mask the blocks are
+    # called with lives on in the checkpoint until its backward).
+    n = 4
+    kw = dict(act=[100 * MiB] * n, inp=[24 * MiB] * n, time=[1e-3] * n, saves_input=[True] * n,
+              fwd=[110 * MiB] * n, fwd_nograd=[60 * MiB] * n, bwd=[50 * MiB] * n, grad_in=[30 * MiB] * n,
+              base=1000 * MiB, head=900 * MiB, fixed_peak=1200 * MiB)
+    old, new = Chain(**kw), Chain(**kw, ckpt_extra=32 * MiB)
+    plain = [(i, i + 1, False) for i in range(n)]
+    assert evaluate(new, plain) == evaluate(old, plain)              # nothing checkpointed: nothing held
+    last = plain[:3] + [(3, 4, True)]
+    assert evaluate(new, last)[0] == evaluate(old, last)[0] + 32 * MiB     # the head holds it
+    # Held through the backward of the first checkpointed segment and every later one, not before:
+    # the backward of a plain block before it, when it is the peak, does not change.
+    big = Chain(**{**kw, "bwd": [2000 * MiB, 50 * MiB, 50 * MiB, 50 * MiB]}, ckpt_extra=32 * MiB)
+    first_plain = [(0, 1, False), (1, 4, True)]
+    assert evaluate(big, first_plain, detail=True)[2] == "block 0"
+    assert evaluate(big, first_plain)[0] == evaluate(Chain(**{**kw, "bwd": big.bwd}), first_plain)[0]
+    big0 = Chain(**{**kw, "bwd": [50 * MiB] * 3 + [2000 * MiB]}, ckpt_extra=32 * MiB)
+    ck_first = [(0, 1, True)] + [(i, i + 1, False) for i in range(1, n)]
+    assert evaluate(big0, ck_first, detail=True)[2] == "block 3"
+    assert evaluate(big0, ck_first)[0] == evaluate(Chain(**{**kw, "bwd": big0.bwd}), ck_first)[0] + 32 * MiB
+    # The planner meets budgets with it: a plan whose peak is within 32 MiB of the budget without
+    # it is not taken.
+    for b in range(evaluate(new, last)[0] - 40 * MiB, evaluate(new, last)[0] + 1, 4 * MiB):
+        try:
+            p = ck.plan(new, b, resolution=1)
+        except BudgetError:
+            continue
+        assert evaluate(new, p.segments)[0] == p.peak <= b
+    with pytest.raises(ValueError, match="ckpt_extra"):
+        Chain(**kw, ckpt_extra=-1)
+
+
 def test_chain_json_without_bwd_remat_still_loads(tmp_path):
     ch = random_chain(random.Random(11), 4, 512)
-    ch.bwd_remat = None
+    ch.bwd_remat, ch.ckpt_extra = None, 0
     d = ch.to_dict()
-    del d["bwd_remat"]                       # a chain saved before the field existed
+    del d["bwd_remat"], d["ckpt_extra"]      # a chain saved before the fields existed
     path = tmp_path / "old.json"
     path.write_text(json.dumps(d))
     back = Chain.load(str(path))

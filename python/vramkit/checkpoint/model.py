@@ -28,9 +28,16 @@ parts. Definitions, with ``K`` the bytes kept by the segments before the one con
   layers, loss and their backward) minus ``base + sum(act)``.
 - ``fixed_peak``: the peak before block 0 runs and after block 0's backward (embedding
   backward, optimizer step): the same for every plan.
+- ``ckpt_extra`` (optional): bytes a plan with a checkpointed segment keeps from the first such
+  segment's forward until its backward, besides the inputs: a checkpoint holds every tensor its
+  blocks were called with, so an attention mask made in the model's forward (GPT-2: 32 MiB) outlives
+  it. Measured as the head's peak with every block checkpointed minus the head's peak without.
 
-The peak of a plan is the largest of ``fixed_peak``, ``base + K_all + head`` and, for each
-segment, ``base + K + local(segment)``; :func:`segment_terms` gives ``local``.
+The peak of a plan is the largest of ``fixed_peak``, ``base + K_all + head`` (plus ``ckpt_extra``
+when a segment is checkpointed) and, for each segment, ``base + K + max(forward, backward)`` with
+``ckpt_extra`` added to the backward phase of the first checkpointed segment and every segment
+after it (their backward runs while the checkpoint still holds it); :func:`segment_phases` gives
+the two phases.
 """
 from __future__ import annotations
 
@@ -61,6 +68,7 @@ class Chain:
     base: int = 0
     head: int = 0
     fixed_peak: int = 0
+    ckpt_extra: int = 0
     meta: dict = field(default_factory=dict)
 
     def __post_init__(self):
@@ -91,6 +99,9 @@ class Chain:
         if any(t < 0 or not math.isfinite(t) for t in self.time):
             raise ValueError("block times must be finite and not negative")
         self.base, self.head, self.fixed_peak = int(self.base), int(self.head), int(self.fixed_peak)
+        self.ckpt_extra = int(self.ckpt_extra or 0)
+        if self.ckpt_extra < 0:
+            raise ValueError("chain field 'ckpt_extra' must not be negative")
 
     def __len__(self):
         return len(self.act)
@@ -152,25 +163,35 @@ class Plan:
                 "segments": [list(s) for s in self.segments], "checkpointed": self.checkpointed}
 
 
-def segment_terms(ch: Chain, l: int, r: int, ckpt: bool) -> tuple:
-    """(kept bytes, local peak above base + K, recompute seconds) of segment [l, r)."""
+def segment_phases(ch: Chain, l: int, r: int, ckpt: bool) -> tuple:
+    """(kept bytes, forward peak, backward peak above base + K, recompute seconds) of segment [l, r).
+
+    The backward phase of a checkpointed segment includes its recomputation."""
     if not ckpt:
         if r != l + 1:
             raise ValueError("a plain segment is one block")
-        return ch.act[l], max(ch.inp[l] + ch.fwd[l], ch.act[l] + ch.bwd[l]), 0.0
+        return ch.act[l], ch.inp[l] + ch.fwd[l], ch.act[l] + ch.bwd[l], 0.0
     x, a = ch.inp, ch.act
     bw = ch.bwd if ch.bwd_remat is None else ch.bwd_remat
     u = 0 if ch.saves_input[l] else x[l]     # the kept input, when a[l] does not hold it
     g = ch.grad_in[r - 1]                    # gradients live when the segment's backward starts
-    local = max(x[l] + ch.fwd_nograd[l],     # forward of the first block (nothing saved)
-                g + x[l] + ch.fwd[l])        # recomputing the first block (everything saved)
+    fwd = x[l] + ch.fwd_nograd[l]            # forward of the first block (nothing saved)
+    bwd = g + x[l] + ch.fwd[l]               # recomputing the first block (everything saved)
     acc = 0                                  # act of the recomputed blocks l..j-1
     for j in range(l, r):
         if j > l:
-            local = max(local, x[l] + x[j] + ch.fwd_nograd[j], g + u + acc + x[j] + ch.fwd[j])
+            fwd = max(fwd, x[l] + x[j] + ch.fwd_nograd[j])
+            bwd = max(bwd, g + u + acc + x[j] + ch.fwd[j])
         acc += a[j]
-        local = max(local, u + acc + bw[j])      # backward of j with l..j rematerialized
-    return x[l], local, sum(ch.time[l:r])
+        bwd = max(bwd, u + acc + bw[j])      # backward of j with l..j rematerialized
+    return x[l], fwd, bwd, sum(ch.time[l:r])
+
+
+def segment_terms(ch: Chain, l: int, r: int, ckpt: bool) -> tuple:
+    """(kept bytes, local peak above base + K, recompute seconds) of segment [l, r), without
+    ``ckpt_extra``."""
+    kept, fwd, bwd, t = segment_phases(ch, l, r, ckpt)
+    return kept, max(fwd, bwd), t
 
 
 def evaluate(ch: Chain, segments, *, detail: bool = False):
@@ -180,10 +201,14 @@ def evaluate(ch: Chain, segments, *, detail: bool = False):
     "head", "fixed")."""
     pos, k = 0, 0
     peak, where, extra = ch.fixed_peak, "fixed", 0.0
+    held = 0                                  # ckpt_extra, from the first checkpointed segment on
     for s, e, c in segments:
         if s != pos or e <= s or e > len(ch):
             raise ValueError(f"segments must cover blocks 0..{len(ch) - 1} in order; got {list(segments)}")
-        kept, local, t = segment_terms(ch, s, e, c)
+        if c:
+            held = ch.ckpt_extra
+        kept, fwd, bwd, t = segment_phases(ch, s, e, c)
+        local = max(fwd, bwd + held)
         if ch.base + k + local > peak:
             blocks = f"blocks {s}-{e - 1}" if e - s > 1 else f"block {s}"
             peak, where = ch.base + k + local, ("checkpointed " if c else "") + blocks
@@ -192,8 +217,8 @@ def evaluate(ch: Chain, segments, *, detail: bool = False):
         pos = e
     if pos != len(ch):
         raise ValueError(f"segments end at block {pos}, the chain has {len(ch)}")
-    if ch.base + k + ch.head > peak:
-        peak, where = ch.base + k + ch.head, "head (end of forward)"
+    if ch.base + k + ch.head + held > peak:
+        peak, where = ch.base + k + ch.head + held, "head (end of forward)"
     return (peak, extra, where) if detail else (peak, extra)
 
 

@@ -1,10 +1,11 @@
 """The planner: the least recomputation whose predicted peak fits a budget, for a chain.
 
 Dynamic programming over the boundaries between blocks. The state at boundary j is the number
-of bytes the segments before j keep (``K``); everything that happens from j on depends on the
-past only through ``K`` (see :mod:`.model`), and a smaller ``K`` is never worse. So keeping, at
-each boundary, the states that no other state beats on both ``K`` and time (a Pareto front)
-loses no plan: the result is the exact optimum of the model.
+of bytes the segments before j keep (``K``) and whether one of them was checkpointed (then the
+chain's ``ckpt_extra`` is held from there on); everything that happens from j on depends on the
+past only through these two (see :mod:`.model`), and a smaller ``K`` is never worse. So keeping,
+at each boundary and for each flag, the states that no other state beats on both ``K`` and time
+(a Pareto front) loses no plan: the result is the exact optimum of the model.
 
 To bound the front on real chains (byte counts in the billions), ``K`` is rounded *up* to a
 resolution (by default the greatest common divisor of the sizes, which loses nothing; on a
@@ -21,7 +22,7 @@ import math
 
 import numpy as np
 
-from .model import BudgetError, Chain, Plan, evaluate, fmt_bytes, parse_budget, segment_terms
+from .model import BudgetError, Chain, Plan, evaluate, fmt_bytes, parse_budget, segment_phases
 
 
 def exact_resolution(ch: Chain) -> int:
@@ -45,13 +46,13 @@ def _resolution(ch: Chain, resolution) -> int:
     return max(g, -(-(total >> 16) // g) * g)
 
 
-def _terms(ch: Chain):
+def _phases(ch: Chain):
     n = len(ch)
-    plain = [segment_terms(ch, l, l + 1, False) for l in range(n)]
+    plain = [segment_phases(ch, l, l + 1, False) for l in range(n)]
     ck = [[None] * (n + 1) for _ in range(n)]
     for l in range(n):
         for r in range(l + 1, n + 1):
-            ck[l][r] = segment_terms(ch, l, r, True)
+            ck[l][r] = segment_phases(ch, l, r, True)
     return plain, ck
 
 
@@ -61,26 +62,28 @@ def _transitions(ch, plain, ck, l, max_segment):
         yield (l, r, True), ck[l][r]
 
 
-# A front is a tuple of arrays, one entry per state, sorted by K: (K, value, previous boundary,
-# index of the previous state there, end of the segment that led here, checkpointed or not).
+# The DP's states at a boundary are split by whether a segment before it was checkpointed (then
+# ``ckpt_extra`` is held from there on). A front is a tuple of arrays, one entry per state, sorted
+# by K: (K, value, previous boundary, index of the previous state there, its flag, end of the
+# segment that led here, checkpointed or not).
 
 def _pareto(parts):
     """The states of ``parts`` that no state with a smaller or equal K beats in value."""
-    k, v, pl, pi, pe, pc = (np.concatenate(x) for x in zip(*parts))
+    k, v, pl, pi, pf, pe, pc = (np.concatenate(x) for x in zip(*parts))
     order = np.lexsort((v, k))
     k, v = k[order], v[order]
     best_before = np.minimum.accumulate(np.concatenate(([np.inf], v[:-1])))
     keep = v < best_before
     order = order[keep]
-    return k[keep], v[keep], pl[order], pi[order], pe[order], pc[order]
+    return k[keep], v[keep], pl[order], pi[order], pf[order], pe[order], pc[order]
 
 
-def _walk(fronts, i):
+def _walk(fronts, flag, i):
     segs, j = [], len(fronts) - 1
-    while fronts[j][2][i] >= 0:
-        f = fronts[j]
-        segs.append((int(f[2][i]), int(f[4][i]), bool(f[5][i])))
-        j, i = int(f[2][i]), int(f[3][i])
+    while fronts[j][flag][2][i] >= 0:
+        f = fronts[j][flag]
+        segs.append((int(f[2][i]), int(f[5][i]), bool(f[6][i])))
+        j, i, flag = int(f[2][i]), int(f[3][i]), int(f[4][i])
     return segs[::-1]
 
 
@@ -88,53 +91,70 @@ def _run(ch: Chain, q: int, budget: int | None, max_segment: int):
     """The DP. With a budget: value = recompute time, transitions must fit. Without: value =
     the running peak (the least-peak plan)."""
     n = len(ch)
-    plain, ck = _terms(ch)
+    plain, ck = _phases(ch)
+    extra = ch.ckpt_extra
     start = 0.0 if budget is not None else float(ch.fixed_peak)
-    cands = [[] for _ in range(n + 1)]
-    cands[0] = [(np.zeros(1, np.int64), np.array([start]), np.array([-1]), np.array([-1]), np.zeros(1, np.int64),
-                 np.zeros(1, bool))]
-    fronts = [None] * (n + 1)
+    cands = [[[], []] for _ in range(n + 1)]
+    cands[0][0] = [(np.zeros(1, np.int64), np.array([start]), np.array([-1]), np.array([-1]), np.zeros(1, np.int64),
+                    np.zeros(1, np.int64), np.zeros(1, bool))]
+    fronts = [[None, None] for _ in range(n + 1)]
     for l in range(n):
-        if not cands[l]:                            # nothing fits up to this boundary
-            continue
-        fronts[l] = _pareto(cands[l])
-        cands[l] = None
-        k, v = fronts[l][0], fronts[l][1]
-        idx = np.arange(len(k))
-        for (s, e, c), (kept, local, t) in _transitions(ch, plain, ck, l, max_segment):
-            if budget is not None:
-                lim = min(budget - ch.base - local, 1 << 62)
-                m = int(np.searchsorted(k, lim, side="right"))      # k is sorted: a prefix fits
-                if m == 0:
-                    continue
-                nk, nv, src = k[:m] + kept, v[:m] + t, idx[:m]
-            else:
-                nk, nv, src = k + kept, np.maximum(v, ch.base + k + local), idx
-            nk = -(-nk // q) * q                    # rounded up: never less than the true bytes
-            cands[e].append((nk, nv, np.full(len(nk), l), src, np.full(len(nk), e), np.full(len(nk), c)))
-    if not cands[n]:
+        for flag in (0, 1):
+            if not cands[l][flag]:                  # nothing fits up to this boundary
+                continue
+            fronts[l][flag] = _pareto(cands[l][flag])
+            cands[l][flag] = None
+            k, v = fronts[l][flag][0], fronts[l][flag][1]
+            idx = np.arange(len(k))
+            for (s, e, c), (kept, fwd, bwd, t) in _transitions(ch, plain, ck, l, max_segment):
+                nflag = 1 if (flag or c) else 0
+                local = max(fwd, bwd + (extra if nflag else 0))
+                if budget is not None:
+                    lim = min(budget - ch.base - local, 1 << 62)
+                    m = int(np.searchsorted(k, lim, side="right"))      # k is sorted: a prefix fits
+                    if m == 0:
+                        continue
+                    nk, nv, src = k[:m] + kept, v[:m] + t, idx[:m]
+                else:
+                    nk, nv, src = k + kept, np.maximum(v, ch.base + k + local), idx
+                nk = -(-nk // q) * q                    # rounded up: never less than the true bytes
+                cands[e][nflag].append((nk, nv, np.full(len(nk), l), src, np.full(len(nk), flag), np.full(len(nk), e),
+                                        np.full(len(nk), c)))
+    for flag in (0, 1):
+        if cands[n][flag]:
+            fronts[n][flag] = _pareto(cands[n][flag])
+    if fronts[n][0] is None and fronts[n][1] is None:
         return None
-    fronts[n] = _pareto(cands[n])
     return fronts
 
 
 def _finish(ch, fronts, budget, q, name):
     if fronts is None:
         return None
-    k, v = fronts[-1][0], fronts[-1][1]
-    end = ch.base + k + ch.head
-    if budget is not None:
-        ok = np.flatnonzero((end <= budget) & (ch.fixed_peak <= budget))
-        if len(ok) == 0:
-            return None
-        key = v[ok]
-    else:
-        ok = np.arange(len(k))
-        key = np.maximum(v, end)
-    best = ok[np.lexsort((k[ok], key))[0]]
-    segs = _walk(fronts, best)
+    best = None                                     # (key, K, flag, index, value)
+    for flag in (0, 1):
+        if fronts[-1][flag] is None:
+            continue
+        k, v = fronts[-1][flag][0], fronts[-1][flag][1]
+        end = ch.base + k + ch.head + (ch.ckpt_extra if flag else 0)
+        if budget is not None:
+            ok = np.flatnonzero((end <= budget) & (ch.fixed_peak <= budget))
+            if len(ok) == 0:
+                continue
+            key = v[ok]
+        else:
+            ok = np.arange(len(k))
+            key = np.maximum(v, end)
+        i = ok[np.lexsort((k[ok], key))[0]]
+        value = float(v[i]) if budget is not None else float(max(v[i], end[i]))
+        cand = (float(key[np.searchsorted(ok, i)]), int(k[i]), flag, int(i), value)
+        if best is None or cand[:3] < best[:3]:
+            best = cand
+    if best is None:
+        return None
+    _, _, flag, i, value = best
+    segs = _walk(fronts, flag, i)
     peak, extra, where = evaluate(ch, segs, detail=True)
-    value = float(v[best]) if budget is not None else float(max(v[best], end[best]))
     return Plan(segments=segs, peak=peak, extra_time=extra, budget=budget, name=name, names=ch.names,
                 where=where), value
 

@@ -12,7 +12,8 @@ Needs PyTorch and a CUDA device. What is measured (all with ``torch.cuda.memory_
 - a forward without autograd recording gives each block's transient peak when it is
   checkpointed (nothing saved);
 - a step with every block checkpointed on its own gives each block's backward peak when its
-  activations were recomputed (``bwd_remat``);
+  activations were recomputed (``bwd_remat``) and what the checkpoints hold besides their inputs
+  (``ckpt_extra``, from the head's peak);
 - forward time of each block from CUDA events (median of the measured steps).
 
 The model's parameters, buffers, optimizer state and RNG state are restored afterwards: the
@@ -306,8 +307,8 @@ class _Recorder:
 
 
 def _recomputed_backward_peaks(step, mods, rec, n):
-    """The peak of each block's backward phase in a step with every block checkpointed on its own
-    (one step to warm that path up, one measured)."""
+    """The peak of each block's backward phase, and of the head, in a step with every block
+    checkpointed on its own (one step to warm that path up, one measured)."""
     import torch
     from .wrapping import _unwrap, _wrap
     for i in range(n):
@@ -325,9 +326,9 @@ def _recomputed_backward_peaks(step, mods, rec, n):
             rec.bwd_peak[0] = rec._peak()
         del loss
         torch.cuda.synchronize()
-        if any(v is None for v in rec.bwd_peak):
+        if any(v is None for v in rec.bwd_peak) or rec.head_peak is None:
             raise ValueError("with the blocks checkpointed, some block's output got no gradient")
-        return list(rec.bwd_peak)
+        return list(rec.bwd_peak), rec.head_peak
     finally:
         _unwrap(mods)
 
@@ -398,7 +399,7 @@ def profile(model, sample_input, *, loss_fn=None, optimizer=None, blocks=None, s
             call_model(model, sample_input)
         fwd_nograd = list(rec.fwd_peak)
         torch.cuda.synchronize()
-        remat_peak = _recomputed_backward_peaks(step, mods, rec, n)
+        remat_peak, remat_head_peak = _recomputed_backward_peaks(step, mods, rec, n)
     finally:
         rec.remove()
         saved.restore()
@@ -417,16 +418,22 @@ def profile(model, sample_input, *, loss_fn=None, optimizer=None, blocks=None, s
         cum += act[i]
         bwd.append(r["bwd_peak"][i] - base - cum)
         grad_in.append(r["bwd_start"][i] - base - cum)
-    # With every block checkpointed on its own, block i's backward runs above base, the inputs
-    # the blocks before it keep, and its own recomputed activations (its input among them or not).
+    # With every block checkpointed on its own, block i's backward runs above base, the inputs the
+    # blocks before it keep, its own recomputed activations (its input among them or not), and what
+    # the checkpoints hold besides their inputs (tensors the blocks were called with, such as an
+    # attention mask the model's forward made: ckpt_extra, from the head's peak with every block
+    # checkpointed against without).
+    head = r["head_peak"] - base - cum
+    ckpt_extra = max(0, (remat_head_peak - base - sum(inp)) - head)
     bwd_remat, kept = [], 0
     for i in range(n):
         own = act[i] + (0 if saves_input[i] else inp[i])
-        bwd_remat.append(remat_peak[i] - base - kept - own)
+        bwd_remat.append(remat_peak[i] - base - kept - own - ckpt_extra)
         kept += inp[i]
     t = [statistics.median(col) for col in zip(*times)]
     return Chain(act=act, inp=inp, time=t, names=names, saves_input=saves_input, fwd=r["fwd_peak"],
-                 fwd_nograd=fwd_nograd, bwd=bwd, grad_in=grad_in, bwd_remat=bwd_remat, base=base, head=r["head_peak"] - base - cum,
+                 fwd_nograd=fwd_nograd, bwd=bwd, grad_in=grad_in, bwd_remat=bwd_remat, base=base, head=head,
+                 ckpt_extra=ckpt_extra,
                  fixed_peak=max(r["pre_peak"], tail_peak),
                  meta={"saved_bytes": [sum(s.values()) for s in r["saved"]], "step_time": statistics.median(step_ms)
                        / 1e3, "model": type(model).__name__, "device": torch.cuda.get_device_name(),
