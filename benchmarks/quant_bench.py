@@ -227,14 +227,18 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--no-model", action="store_true")
     ap.add_argument("--launch", default="", help="also time the kernels under these launch shapes, comma-separated "
-                    "TILE:GRID with TILE 4096 or 8192 and GRID persistent or tiles (vramkit.quant.set_launch)")
+                    "TILE:GRID[:SEARCH] with TILE 4096 or 8192, GRID persistent or tiles, SEARCH buckets or compare "
+                    "(vramkit.quant.set_launch)")
     args = ap.parse_args()
     launches = []
     for item in filter(None, args.launch.split(",")):
-        tile, _, grid = item.partition(":")
-        if not tile.isdigit() or grid not in ("persistent", "tiles"):
-            ap.error(f"--launch: {item!r} is not TILE:GRID (e.g. 8192:tiles)")
-        launches.append((int(tile), grid))
+        parts = item.split(":")
+        if len(parts) == 2:
+            parts.append("buckets")
+        if len(parts) != 3 or not parts[0].isdigit() or parts[1] not in ("persistent", "tiles") \
+                or parts[2] not in ("buckets", "compare"):
+            ap.error(f"--launch: {item!r} is not TILE:GRID[:SEARCH] (e.g. 8192:tiles or 4096:persistent:compare)")
+        launches.append((int(parts[0]), parts[1], parts[2]))
     import torch
 
     import vramkit.quant as vq
@@ -251,9 +255,9 @@ def main() -> int:
         res["copy_gbps"][s] = copy_bandwidth(torch, s * MiB, args.iters)
     kernel_rows(torch, lib, check, sizes, args.iters, res["rows"])
     try:
-        for tile, grid in launches:
-            vq.set_launch(tile, grid)
-            kernel_rows(torch, lib, check, sizes, args.iters, res["rows"], tag=f"@{tile}/{grid}", sweep=False)
+        for tile, grid, search in launches:
+            vq.set_launch(tile, grid, search)
+            kernel_rows(torch, lib, check, sizes, args.iters, res["rows"], tag=f"@{tile}/{grid}/{search}", sweep=False)
     finally:
         vq.set_launch()
     api_rows(torch, args.iters, max(sizes), res["rows"])
@@ -295,13 +299,13 @@ def main() -> int:
     for note in res["notes"]:
         print("note:", note)
     if launches:
-        shapes = ["kernel"] + [f"kernel@{t}/{g}" for t, g in launches]
+        shapes = ["kernel"] + [f"kernel@{t}/{g}/{c}" for t, g, c in launches]
         by = {(r["kind"], r["op"], r["format"], r["dtype"], r["size_mib"]): r["pct_copy"] for r in res["rows"]}
-        print("\n% of copy bandwidth by launch shape (\"kernel\" is the default: 4096/persistent):")
-        print(f"{'op':7s} {'format':13s} {'dtype':9s} {'MiB':>5s} " + " ".join(f"{s:>22s}" for s in shapes))
+        print("\n% of copy bandwidth by launch shape (\"kernel\" is the default: 4096/persistent/buckets):")
+        print(f"{'op':7s} {'format':13s} {'dtype':9s} {'MiB':>5s} " + " ".join(f"{s:>30s}" for s in shapes))
         keys = sorted({k[1:] for k in by if k[0] == "kernel"}, key=lambda k: (k[3], k[2], k[1], k[0]))
         for k in keys:
-            print(f"{k[0]:7s} {k[1]:13s} {k[2]:9s} {k[3]:5d} " + " ".join(f"{by.get((s,) + k, float('nan')):21.1f}%" for s in shapes))
+            print(f"{k[0]:7s} {k[1]:13s} {k[2]:9s} {k[3]:5d} " + " ".join(f"{by.get((s,) + k, float('nan')):29.1f}%" for s in shapes))
         res["min_pct_copy_by_launch"] = {s: min(v for kk, v in by.items() if kk[0] == s and kk[4] >= 256) for s in shapes}
         print("slowest kernel by launch shape: " + ", ".join(f"{s} {v:.1f}%" for s, v in res["min_pct_copy_by_launch"].items()))
         with open(args.out, "w") as f:

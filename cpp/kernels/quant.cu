@@ -94,6 +94,20 @@ __device__ __forceinline__ uint32_t enc_table(const table_spec& s, const uint2* 
   return v > __uint_as_float(b.x) ? (b.y >> 8) & 0xffu : b.y & 0xffu;
 }
 
+// The same code by a binary search of the (16, +inf padded) thresholds of a 4-bit format: each
+// step reads one of 16 floats, so the lanes of a warp never collide in shared memory. A NaN gets
+// what its bucket gives (the last value for +NaN, the first for -NaN).
+template <int F>
+__device__ __forceinline__ uint32_t enc_search(const float* thr, float v) {
+  int k = 0;
+#pragma unroll
+  for (int step = 8; step > 0; step >>= 1)
+    if (thr[k + step - 1] < v) k += step;
+  if (v != v) k = (__float_as_uint(v) >> 31) ? 0 : spec_of(F).values - 1;
+  if constexpr (F == VK_QUANT_FP4) return k < 7 ? 8u | static_cast<uint32_t>(7 - k) : static_cast<uint32_t>(k - 7);
+  else return static_cast<uint32_t>(k);
+}
+
 template <int F> struct shared_tables {
   static constexpr int kBuckets = is_table(F) ? spec_of(F).buckets() : 1;
   uint2 bucket[kBuckets];
@@ -117,7 +131,7 @@ __device__ void build_tables(shared_tables<F>& t) {
   }
 }
 
-template <int F, typename T, bool VEC, int TILE>
+template <int F, typename T, bool VEC, int TILE, bool SEARCH>
 __global__ void __launch_bounds__(kThreads) encode_kernel(const T* __restrict__ x, int64_t n, int log2b,
                                                           uint8_t* __restrict__ codes, float* __restrict__ absmax) {
   constexpr int V = elem<T>::V, R = TILE / (kThreads * V), LOG2V = V == 4 ? 2 : 3;
@@ -187,7 +201,10 @@ __global__ void __launch_bounds__(kThreads) encode_kernel(const T* __restrict__ 
         }
       } else {
 #pragma unroll
-        for (int j = 0; j < V; ++j) c[j] = enc_table(spec, tables.bucket, __fmul_rn(v[r][j], inv));
+        for (int j = 0; j < V; ++j) {
+          if constexpr (SEARCH && is_4bit(F)) c[j] = enc_search<F>(tables.thr, __fmul_rn(v[r][j], inv));
+          else c[j] = enc_table(spec, tables.bucket, __fmul_rn(v[r][j], inv));
+        }
       }
       if constexpr (is_4bit(F)) {  // first element in the high nibble
         uint32_t w = 0;
@@ -403,6 +420,7 @@ int on_device(int device, Fn&& fn) {
 // one block per tile (the hardware's scheduler then balances the last wave).
 std::atomic<int> g_tile{kTile};
 std::atomic<int> g_grid_mode{0};
+std::atomic<int> g_search{0};  // 4-bit encoders: 0 bucket table, 1 binary search of the thresholds
 
 template <auto Kernel>
 unsigned grid_of(int64_t tiles, int device) {
@@ -411,9 +429,9 @@ unsigned grid_of(int64_t tiles, int device) {
   return grid_for<Kernel>(tiles, device);
 }
 
-template <int F, typename T, bool VEC, int TILE>
+template <int F, typename T, bool VEC, int TILE, bool SEARCH = false>
 int launch_encode(const T* x, int64_t n, int log2b, uint8_t* codes, float* absmax, int device, cudaStream_t st) {
-  constexpr auto kernel = encode_kernel<F, T, VEC, TILE>;
+  constexpr auto kernel = encode_kernel<F, T, VEC, TILE, SEARCH>;
   kernel<<<grid_of<kernel>((n + TILE - 1) / TILE, device), kThreads, 0, st>>>(x, n, log2b, codes, absmax);
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? VK_QUANT_OK : cuda_fail(e, "vk_quant_encode: kernel launch");
@@ -425,9 +443,14 @@ int encode_as(const void* x, int64_t n, int log2b, void* codes, float* absmax, i
   auto* xp = static_cast<const T*>(x);
   auto* cp = static_cast<uint8_t*>(codes);
   if (!vec) return launch_encode<F, T, false, kTile>(xp, n, log2b, cp, absmax, device, st);
-  if (g_tile.load(std::memory_order_relaxed) == 2 * kTile)
-    return launch_encode<F, T, true, 2 * kTile>(xp, n, log2b, cp, absmax, device, st);
-  return launch_encode<F, T, true, kTile>(xp, n, log2b, cp, absmax, device, st);
+  const bool wide = g_tile.load(std::memory_order_relaxed) == 2 * kTile;
+  if constexpr (is_4bit(F)) {
+    if (g_search.load(std::memory_order_relaxed) == 1)
+      return wide ? launch_encode<F, T, true, 2 * kTile, true>(xp, n, log2b, cp, absmax, device, st)
+                  : launch_encode<F, T, true, kTile, true>(xp, n, log2b, cp, absmax, device, st);
+  }
+  return wide ? launch_encode<F, T, true, 2 * kTile>(xp, n, log2b, cp, absmax, device, st)
+              : launch_encode<F, T, true, kTile>(xp, n, log2b, cp, absmax, device, st);
 }
 
 template <int F, typename T, bool VEC, int TILE>
@@ -525,15 +548,19 @@ extern "C" int vk_quant_compress_scales(const float* absmax, int64_t nblocks, ui
   });
 }
 
-extern "C" int vk_quant_set_launch(int tile, int grid_mode) {
+extern "C" int vk_quant_set_launch(int tile, int grid_mode, int search) {
   if (tile != 0 && tile != kTile && tile != 2 * kTile)
     return fail(VK_QUANT_EINVAL, "vk_quant_set_launch: tile must be 0 (default), " + std::to_string(kTile) + " or " +
                                      std::to_string(2 * kTile) + " (got " + std::to_string(tile) + ")");
   if (grid_mode != 0 && grid_mode != 1)
     return fail(VK_QUANT_EINVAL, "vk_quant_set_launch: grid_mode must be 0 (persistent) or 1 (a block per tile), not " +
                                      std::to_string(grid_mode));
+  if (search != 0 && search != 1)
+    return fail(VK_QUANT_EINVAL, "vk_quant_set_launch: search must be 0 (bucket table) or 1 (binary search), not " +
+                                     std::to_string(search));
   g_tile.store(tile == 0 ? kTile : tile);
   g_grid_mode.store(grid_mode);
+  g_search.store(search);
   return VK_QUANT_OK;
 }
 

@@ -89,12 +89,14 @@ def test_gpu_equals_reference(fmt, dtype):
         check_against_reference(x, q, fmt, block, dtype, f"{fmt} {dtype} n={n} block={block}")
 
 
-@pytest.mark.parametrize("launch", [(8192, "persistent"), (4096, "tiles"), (8192, "tiles")],
-                         ids=lambda v: f"{v[0]}-{v[1]}" if isinstance(v, tuple) else v)
+@pytest.mark.parametrize("launch", [(8192, "persistent"), (4096, "tiles"), (8192, "tiles"),
+                                    (4096, "persistent", "compare"), (8192, "tiles", "compare")],
+                         ids=lambda v: "-".join(map(str, v)) if isinstance(v, tuple) else v)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gpu_launch_shapes_give_the_same_bits(launch, dtype):
     """Every launch shape (vramkit.quant.set_launch) gives the reference's bits: tiles of 8192
-    elements, one thread block per tile, partial last tiles, every block size."""
+    elements, one thread block per tile, the 4-bit encoders' binary search, partial last tiles,
+    every block size, and values that are not finite."""
     try:
         vq.set_launch(*launch)
         for fmt in FORMATS:
@@ -103,6 +105,16 @@ def test_gpu_launch_shapes_give_the_same_bits(launch, dtype):
                 x = randn(n, dtype, seed=2000 + i)
                 q = vq.quantize(x, fmt, block=block)
                 check_against_reference(x, q, fmt, block, dtype, f"{fmt} {dtype} n={n} block={block} {launch}")
+        # Infinities and NaNs: an infinite absmax makes every value of its block NaN once scaled.
+        for fmt in FORMATS:
+            x = randn(4096 * 3, dtype, seed=77)
+            x[5], x[4096 + 9], x[8192 + 1], x[8192 + 2] = float("inf"), float("nan"), -float("inf"), float("nan")
+            q = vq.quantize(x, fmt, block=64)
+            base_codes = host(q.codes, np.uint8)
+            vq.set_launch()
+            ref = host(vq.quantize(x, fmt, block=64).codes, np.uint8)
+            vq.set_launch(*launch)
+            assert np.array_equal(base_codes, ref), f"{fmt} {dtype} {launch}: codes of non-finite values differ"
     finally:
         vq.set_launch()
 

@@ -343,8 +343,12 @@ def test_set_launch_checks_its_arguments():
         vq.set_launch(4096, "blocks")
     with pytest.raises(TypeError, match="tile must be an int"):
         vq.set_launch("8192")
-    assert library().vk_quant_set_launch(4096, 2) == 1
+    with pytest.raises(ValueError, match="search must be 'buckets' or 'compare'"):
+        vq.set_launch(4096, "tiles", "linear")
+    assert library().vk_quant_set_launch(4096, 2, 0) == 1
     assert "grid_mode must be 0" in library().vk_quant_last_error().decode()
-    vq.set_launch(8192, "tiles")
+    assert library().vk_quant_set_launch(4096, 0, 2) == 1
+    assert "search must be 0" in library().vk_quant_last_error().decode()
+    vq.set_launch(8192, "tiles", "compare")
     vq.set_launch()
 

@@ -53,8 +53,9 @@ int vk_quant_pointer_device(const void* p);
 /* How later launches are shaped, for the whole process (a tuning knob for benchmarks; results do
  * not depend on it): tile = elements a thread block takes at a time, 0 for the default (4096) or
  * 8192; grid_mode = 0: a persistent grid (the resident thread blocks loop over the tiles, the
- * default), 1: one thread block per tile. Returns 0 or VK_QUANT_EINVAL. */
-int vk_quant_set_launch(int tile, int grid_mode);
+ * default), 1: one thread block per tile; search = how the 4-bit encoders find a code, 0: a bucket
+ * table (the default), 1: a binary search of the thresholds. Returns 0 or VK_QUANT_EINVAL. */
+int vk_quant_set_launch(int tile, int grid_mode, int search);
 
 /* The message of this thread's last failed call ("" when none). */
 const char* vk_quant_last_error(void);

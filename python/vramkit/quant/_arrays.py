@@ -230,7 +230,7 @@ def library():
                 lib.vk_quant_compress_scales.argtypes = [p, i64, p, p, i, p]
                 lib.vk_quant_table.argtypes = [i, i, p, i]
                 lib.vk_quant_pointer_device.argtypes = [p]
-                lib.vk_quant_set_launch.argtypes = [i, i]
+                lib.vk_quant_set_launch.argtypes = [i, i, i]
                 for f in ("vk_quant_encode", "vk_quant_decode", "vk_quant_compress_scales", "vk_quant_table",
                           "vk_quant_pointer_device", "vk_quant_set_launch"):
                     getattr(lib, f).restype = i
