@@ -33,7 +33,8 @@ int main(int argc, char** argv) {
   }
   vramkit::pool_options o;
   if (argc > 1) o.parse(argv[1]);
-  auto dev = std::make_shared<vramkit::host_page_device>();
+  auto dev = std::make_shared<vramkit::host_page_device>(vramkit::host_page_device::default_capacity,
+                                                         o.page_size ? o.page_size : std::size_t{2} << 20);
   auto lag = std::make_shared<lag_streams>();
   lag->lag = std::getenv("VKLAG") ? std::strtoull(std::getenv("VKLAG"), nullptr, 10) : 0;
   vramkit::pool_resource pool(dev, lag, o);
