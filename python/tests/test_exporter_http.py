@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import socket
+import threading
 import time
 
 import pytest
@@ -93,7 +94,10 @@ def test_http_1_0_closes_unless_keep_alive(exp):
     (b"GET /metrics HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\n", 501),
     (b"POST /metrics HTTP/1.1\r\nContent-Length: 3\r\nConnection: close\r\n\r\nabc", 405),
     (b"GET /metrics HTTP/1.1\r\nX-Big: " + b"a" * (70 << 10), 431),
-], ids=["request-line", "version", "header", "length-text", "length-huge", "chunked", "post", "huge-head"])
+    (b"GET /metrics HTTP/1.1\r\nContent-Length: \xb2\r\n\r\n", 400),  # "\u00b2".isdigit(), int() fails
+    (b"GET /metrics HTTP/1.1\r\nContent-Length: " + b"9" * 5000 + b"\r\n\r\n", 413),  # int() limit
+], ids=["request-line", "version", "header", "length-text", "length-huge", "chunked", "post", "huge-head",
+        "length-superscript", "length-5000-digits"])
 def test_bad_requests_get_a_status_and_the_server_keeps_serving(exp, request_bytes, code):
     got = _responses(_raw(exp.port, request_bytes))
     assert [c for c, _, _ in got] == [code]
@@ -183,3 +187,85 @@ def test_stop_closes_open_connections_and_the_port():
     s.close()
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", exp.port), timeout=1).close()
+
+
+def test_an_absolute_form_target_is_served(exp):
+    req = b"GET http://127.0.0.1/metrics?a=1 HTTP/1.1\r\nConnection: close\r\n\r\n"
+    (c, _, body), = _responses(_raw(exp.port, req))
+    assert c == 200 and b"vramkit_" in body
+
+
+def test_a_slow_but_steady_reader_is_not_closed_as_idle(exp):
+    # Idle means no traffic either way: a client still reading a long pipelined answer (more than
+    # the kernel's buffers hold, read a little at a time for several idle timeouts) keeps its
+    # connection and gets every answer.
+    exp._server.idle_timeout = 0.5
+    n = 3000
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.settimeout(10)
+    s.connect(("127.0.0.1", exp.port))
+    s.sendall(b"GET /metrics HTTP/1.1\r\n\r\n" * (n - 1) + b"GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n")
+    data, t0 = bytearray(), time.monotonic()
+    while chunk := s.recv(4096):
+        data += chunk
+        time.sleep(0.002)
+    s.close()
+    assert time.monotonic() - t0 > 2 * exp._server.idle_timeout  # the test read slowly enough to mean it
+    assert len(_responses(bytes(data))) == n
+
+
+def test_stop_while_a_scrape_renders_leaves_the_loop_its_sockets(capsys):
+    # A render that outlasts shutdown()'s wait (NVML hanging on a lost GPU): stop() must not close the
+    # selector and the sockets under the loop; the loop answers, then closes them itself.
+    exp = start_exporter(nvml=False)
+    release = threading.Event()
+    render = exp.collector.render
+    exp.collector.render = lambda: (release.wait(5), render())[1]
+    stopped = exp._server._stopped
+    stopped.wait = lambda timeout=None: threading.Event.wait(stopped, 0.2)  # shutdown() gives up early
+    s = socket.create_connection(("127.0.0.1", exp.port), timeout=5)
+    s.sendall(b"GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n")
+    time.sleep(0.2)
+    threading.Timer(1.0, release.set).start()
+    exp.stop()
+    data = b""
+    while chunk := s.recv(65536):
+        data += chunk
+    s.close()
+    assert [c for c, _, _ in _responses(data)] == [200]
+    assert "request failed" not in capsys.readouterr().err
+    with pytest.raises(OSError):
+        socket.create_connection(("127.0.0.1", exp.port), timeout=1).close()
+
+
+def test_bare_lf_line_ends_blank_lines_and_repeated_headers(exp):
+    # A bare LF ends a line (RFC 9112 2.2); empty lines before a request are skipped; a repeated
+    # Connection header combines; two different Content-Lengths are refused.
+    got = _responses(_raw(exp.port, b"\r\n\r\nGET /metrics HTTP/1.1\nHost: x\n\nGET / HTTP/1.1\n"
+                                    b"Connection: keep-alive\nConnection: close\n\n"))
+    assert [c for c, _, _ in got] == [200, 200] and got[1][1]["connection"] == "close"
+    got = _responses(_raw(exp.port, b"GET /metrics HTTP/1.1\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab"))
+    assert [c for c, _, _ in got] == [400]
+    got = _responses(_raw(exp.port, b"GET /metrics HTTP/1.1\r\nContent-Length: 2\r\nContent-Length: 2\r\n"
+                                    b"Connection: close\r\n\r\nab"))
+    assert [c for c, _, _ in got] == [200]
+
+
+def test_connections_beyond_the_cap_wait_in_the_accept_queue(exp):
+    exp._server.max_connections = 8
+    idle = [socket.create_connection(("127.0.0.1", exp.port), timeout=5) for _ in range(12)]
+    time.sleep(0.3)
+    assert len(exp._server._conns) == 8  # the other 4 are queued by the kernel, not accepted
+    for s in idle[:6]:
+        s.close()
+    time.sleep(0.3)
+    # The queued ones are taken as others close, and each is answered.
+    for s in idle[6:]:
+        s.sendall(b"GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n")
+    for s in idle[6:]:
+        data = b""
+        while chunk := s.recv(65536):
+            data += chunk
+        s.close()
+        assert [c for c, _, _ in _responses(data)] == [200]

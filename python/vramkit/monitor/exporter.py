@@ -15,9 +15,10 @@ NVML is sampled at most once per ``interval`` however often it is scraped.
 from __future__ import annotations
 
 import argparse
+import email.utils
 import operator
 import os
-import email.utils
+import re
 import selectors
 import signal
 import socket
@@ -180,6 +181,8 @@ _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Al
 _MAX_HEAD = 64 << 10   # request line and headers
 _MAX_BODY = 1 << 20    # a GET with a body is odd but legal: read and dropped up to this size
 _MAX_OUT = 4 << 20     # unsent response bytes of one connection before its requests wait
+_HEAD_END = re.compile(rb"\r?\n\r?\n")
+_LEAD = re.compile(rb"[\r\n]*")
 
 
 class _Conn:
@@ -204,6 +207,9 @@ class _Server:
     connection idle for ``idle_timeout`` s is closed."""
 
     idle_timeout = 60.0
+    # Open connections at most: past it new ones wait in the kernel's accept queue, so a crowd of
+    # idle or non-reading clients cannot take every file descriptor of the program serving.
+    max_connections = 256
     # The kernel's accept queue: with the usual 5, a burst of scrapes (many Prometheus servers, or a
     # dashboard fanning out) waits for SYN retransmits, which take a second or more.
     backlog = 1024
@@ -230,6 +236,7 @@ class _Server:
         self._stopping = False
         self._stopped = threading.Event()
         self._accept_paused_until = 0.0
+        self._listening = True
         self._batch_body: bytes | None = None
         self._swept = 0.0
 
@@ -240,7 +247,7 @@ class _Server:
                 now = time.monotonic()
                 if self._accept_paused_until and now >= self._accept_paused_until:
                     self._accept_paused_until = 0.0
-                    self._sel.register(self._listener, selectors.EVENT_READ, "listen")
+                    self._listen(len(self._conns) < self.max_connections)
                 self._batch_body = None  # scrapes that arrived together share one render
                 for key, events in self._sel.select(timeout=1.0):
                     if key.data == "listen":
@@ -257,18 +264,23 @@ class _Server:
                     self._swept = now
                     self._sweep(now)
         finally:
+            if self._stopping:  # the loop closes its own sockets: never under it, from another thread
+                self.server_close()
             self._stopped.set()
 
     def _accept(self) -> None:
         now = time.monotonic()
         for _ in range(256):  # then let the connections already accepted be served
+            if len(self._conns) >= self.max_connections:
+                self._listen(False)  # until one closes
+                return
             try:
                 sock, _ = self._listener.accept()
             except (BlockingIOError, InterruptedError):
                 return
             except OSError as e:  # out of file descriptors: stop accepting for a moment, do not spin
                 print(f"{PROG}: cannot accept a connection: {e.strerror or e}", file=sys.stderr)
-                self._sel.unregister(self._listener)
+                self._listen(False)
                 self._accept_paused_until = now + 0.5
                 return
             sock.setblocking(False)
@@ -306,6 +318,8 @@ class _Server:
             except (BlockingIOError, InterruptedError):
                 sent = 0
             del conn.out[:sent]
+            if sent:  # a client still reading a long answer is not idle
+                conn.last = time.monotonic()
             if conn.inbuf and not conn.closing and len(conn.out) < _MAX_OUT:
                 self._answer(conn)  # a pipelining client that reads slowly: its next requests
         if not conn.out and conn.closing:
@@ -319,10 +333,21 @@ class _Server:
             self._sel.modify(conn.sock, mask, conn)
             conn.mask = mask
 
+    def _listen(self, on: bool) -> None:
+        if on != self._listening:
+            if on:
+                self._sel.register(self._listener, selectors.EVENT_READ, "listen")
+            else:
+                self._sel.unregister(self._listener)
+            self._listening = on
+
     def _close(self, conn: _Conn) -> None:
         if self._conns.pop(conn.sock.fileno(), None) is not None:
             self._sel.unregister(conn.sock)
         conn.sock.close()
+        if not self._listening and not self._stopping and not self._accept_paused_until \
+                and len(self._conns) < self.max_connections:
+            self._listen(True)
 
     def _sweep(self, now: float) -> None:
         for conn in [c for c in self._conns.values() if now - c.last > self.idle_timeout]:
@@ -338,19 +363,20 @@ class _Server:
                 conn.body_left -= drop
                 if conn.body_left:
                     return
-            end = conn.inbuf.find(b"\r\n\r\n")
-            if end < 0:
+            lead = _LEAD.match(conn.inbuf).end()
+            if lead:  # empty lines before a request are allowed
+                del conn.inbuf[:lead]
+            end = _HEAD_END.search(conn.inbuf)  # a blank line; a bare LF ends a line too
+            if end is None:
                 if len(conn.inbuf) > _MAX_HEAD:
                     self._respond(conn, 431, b"request headers too large\n", close=True)
                 return
-            head = bytes(conn.inbuf[:end])
-            del conn.inbuf[:end + 4]
+            head = bytes(conn.inbuf[:end.start()])
+            del conn.inbuf[:end.end()]
             self._request(conn, head)
 
     def _request(self, conn: _Conn, head: bytes) -> None:
-        lines = head.decode("latin-1").split("\r\n")
-        while lines and not lines[0]:  # stray CRLFs between requests are allowed
-            lines.pop(0)
+        lines = [ln[:-1] if ln.endswith("\r") else ln for ln in head.decode("latin-1").split("\n")]
         parts = lines[0].split() if lines else []
         if len(parts) != 3 or not parts[2].startswith("HTTP/"):
             self._respond(conn, 400, b"bad request line\n", close=True)
@@ -365,17 +391,23 @@ class _Server:
             if not sep or not name or name != name.strip():
                 self._respond(conn, 400, b"bad header line\n", close=True)
                 return
-            headers[name.lower()] = value.strip()
+            name, value = name.lower(), value.strip()
+            if name in headers and name == "content-length" and headers[name] != value:
+                self._respond(conn, 400, b"conflicting Content-Length headers\n", close=True)
+                return
+            # Repeated list headers (Connection: a, then Connection: b) combine (RFC 9110 5.3).
+            headers[name] = f"{headers[name]}, {value}" if name in headers and name != "content-length" else value
         tokens = {t.strip().lower() for t in headers.get("connection", "").split(",")}
         close = "close" in tokens if version == "HTTP/1.1" else "keep-alive" not in tokens
         if "transfer-encoding" in headers:
             self._respond(conn, 501, b"request bodies with a transfer-encoding are not accepted\n", close=True)
             return
         length = headers.get("content-length", "0")
-        if not length.isdigit():
+        if not (length.isascii() and length.isdigit()):  # "\u00b2".isdigit() is true, and int() fails on it
             self._respond(conn, 400, b"bad Content-Length\n", close=True)
             return
-        if int(length) > _MAX_BODY:
+        length = length.lstrip("0") or "0"
+        if len(length) > 18 or int(length) > _MAX_BODY:  # int() refuses over 4,300 digits
             self._respond(conn, 413, b"request body too large\n", close=True)
             return
         conn.body_left = int(length)
@@ -384,6 +416,8 @@ class _Server:
             return
         head_only = method == "HEAD"
         path = target.split("?", 1)[0]
+        if path[:7].lower() == "http://" or path[:8].lower() == "https://":  # absolute-form (RFC 9112 3.2.2)
+            path = "/" + path.split("/", 3)[3] if path.count("/") >= 3 else "/"
         if path == "/metrics":
             try:
                 if self._batch_body is None:
@@ -446,8 +480,9 @@ class Exporter:
         if self._thread is None:
             return
         self._server.shutdown()
-        self._server.server_close()
         self._thread.join(timeout=5)
+        if not self._thread.is_alive():  # else the loop closes its sockets itself once it gets out
+            self._server.server_close()
         self._thread = None
 
     def __enter__(self) -> "Exporter":
