@@ -166,8 +166,9 @@ def main(argv=None) -> int:
         tables.append(f"== {name}: {len(chain)} blocks, profiled step {chain.meta['step_time'] * 1e3:.1f} ms, "
                       f"least feasible peak {ck.minimum_budget(chain) / 2**30:.2f} GiB; held by checkpoints "
                       f"{chain.ckpt_extra / 2**20:.1f} MiB; recomputed backward vs kept, block 0 / last: "
-                      f"{(chain.bwd_remat[0] - chain.bwd[0]) / 2**20:+.1f} / {(chain.bwd_remat[-1] - chain.bwd[-1]) / 2**20:+.1f} MiB "
-                      f"({time.perf_counter() - t0:.0f} s)\n" + table(rows, none) + "\n" +
+                      + (f"{(chain.bwd_remat[0] - chain.bwd[0]) / 2**20:+.1f} / "
+                         f"{(chain.bwd_remat[-1] - chain.bwd[-1]) / 2**20:+.1f} MiB " if chain.bwd_remat else "not measured ")
+                      + f"({time.perf_counter() - t0:.0f} s)\n" + table(rows, none) + "\n" +
                       "\n".join(dominance(rows)))
     tmp = args.json + ".tmp"
     with open(tmp, "w") as f:

@@ -141,6 +141,36 @@ def test_sequential_segments_match_plain_and_remove():
     assert model(Tensor(1)).v == want and calls == [1, 1]
 
 
+def test_a_forward_set_on_the_instance_by_another_tool_is_run_and_put_back():
+    # accelerate and others replace a block's forward on the instance: a plan runs that forward
+    # inside the checkpoint, and removing the plan (or profiling) leaves it in place.
+    model = Sequential(*[Affine(i) for i in range(4)])
+    names, mods = ck.find_blocks(model)
+    seen = []
+    for i in (1, 2):
+        own = mods[i].forward
+        def hooked(x, own=own, i=i):
+            seen.append(i)
+            return own(x)
+        mods[i].forward = hooked
+    theirs = {i: mods[i].__dict__["forward"] for i in (1, 2)}
+    want = model(Tensor(1)).v
+    seen.clear()
+    ck.apply_plan(model, _plan([(0, 2, True), (2, 3, True), (3, 4, False)], names))
+    assert model(Tensor(1)).v == want and seen == [1, 2]
+    ck.apply_plan(model, _plan([(0, 1, False), (1, 4, True)], names))   # replaces the first plan
+    seen.clear()
+    assert model(Tensor(1)).v == want and seen == [1, 2]
+    ck.remove(model)
+    assert {i: mods[i].__dict__.get("forward") for i in (1, 2)} == theirs
+    assert all("forward" not in mods[i].__dict__ for i in (0, 3))
+    from vramkit.checkpoint.wrapping import _unwrap, _wrap
+    for i in range(4):
+        _wrap(mods, i, i + 1)
+    _unwrap(mods)
+    assert {i: mods[i].__dict__.get("forward") for i in (1, 2)} == theirs
+
+
 def test_hf_style_loop_with_tuple_outputs_and_kwargs():
     model = Decoder(5)
     want = model(Tensor(2)).v

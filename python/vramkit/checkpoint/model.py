@@ -21,7 +21,8 @@ parts. Definitions, with ``K`` the bytes kept by the segments before the one con
   then, the incoming gradient, temporaries).
 - ``grad_in[i]``: memory when block i's backward starts minus ``base + act[0..i]``.
 - ``bwd_remat[i]`` (optional): the same as ``bwd[i]`` when block i's activations were recomputed
-  (measured with every block checkpointed on its own: backward peak minus ``base + K + u + act[i]``).
+  (measured with every block checkpointed on its own: backward peak minus
+  ``base + K + u + act[i] + ckpt_extra``).
   A recomputed block's backward need not peak where the kept block's does (on ViT-B it is 70 MiB
   lower); without it ``bwd`` stands for both.
 - ``head``: peak from the end of the last block's forward to the start of its backward (final

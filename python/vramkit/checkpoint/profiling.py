@@ -22,90 +22,10 @@ profile's steps leave no trace (gradients are set to None).
 from __future__ import annotations
 
 import statistics
+import warnings
 
+from .blocks import BLOCK_PATHS, _tensors, find_blocks, hidden_of  # noqa: F401 (also this module's API)
 from .model import Chain
-
-# Where common models keep their chain of blocks (dotted paths, tried in order).
-BLOCK_PATHS = [
-    "transformer.h",                      # Hugging Face GPT-2, GPT-J, GPT-Neo
-    "model.layers", "layers",             # Llama-style decoders
-    "bert.encoder.layer", "roberta.encoder.layer", "encoder.layer",   # BERT-style encoders
-    "encoder.block", "transformer.encoder.block",                      # T5-style encoders
-    "blocks",                             # timm ViT, DeiT
-    "vit.encoder.layer",
-]
-
-
-def _get(obj, path):
-    for part in path.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            return None
-    return obj
-
-
-def find_blocks(model, blocks=None):
-    """(names, modules) of the model's chain of blocks.
-
-    ``blocks``: a dotted path (``"transformer.h"``), a list of modules, or None to look in the
-    usual places: an ``nn.Sequential`` model itself, ``transformer.h``, ``encoder.layer``,
-    ``encoder.block``, ``blocks``, and ResNet's ``layer1..layer4`` (their blocks in order)."""
-    import torch.nn as nn
-    if blocks is not None and not isinstance(blocks, str):
-        mods = list(blocks)
-        if not mods or not all(isinstance(m, nn.Module) for m in mods):
-            raise ValueError("blocks must be a non-empty list of nn.Module or a dotted path")
-        names = {id(m): n for n, m in model.named_modules()}
-        return [names.get(id(m), f"block{i}") for i, m in enumerate(mods)], mods
-    paths = [blocks] if isinstance(blocks, str) else BLOCK_PATHS
-    if blocks is None and isinstance(model, nn.Sequential):
-        return [n for n, _ in model.named_children()], list(model.children())
-    for p in paths:
-        c = _get(model, p)
-        if isinstance(c, (nn.ModuleList, nn.Sequential)) and len(c) > 0:
-            return [f"{p}.{n}" for n, _ in c.named_children()], list(c.children())
-    if blocks is None and all(isinstance(_get(model, f"layer{i}"), nn.Sequential) for i in range(1, 5)):
-        names, mods = [], []
-        for i in range(1, 5):
-            for n, m in _get(model, f"layer{i}").named_children():
-                names.append(f"layer{i}.{n}")
-                mods.append(m)
-        return names, mods
-    where = f"at {blocks!r}" if isinstance(blocks, str) else "(tried nn.Sequential, " + ", ".join(BLOCK_PATHS) \
-        + ", layer1..layer4)"
-    raise ValueError(f"no chain of blocks found in {type(model).__name__} {where}; pass blocks=")
-
-
-def _tensors(obj):
-    import torch
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, (tuple, list)):
-        for o in obj:
-            yield from _tensors(o)
-    elif isinstance(obj, dict):
-        for o in obj.values():
-            yield from _tensors(o)
-    elif hasattr(obj, "to_tuple"):            # Hugging Face ModelOutput
-        yield from _tensors(obj.to_tuple())
-
-
-def hidden_of(args, kwargs=None):
-    """The tensor a block chains on: its first positional tensor, else ``hidden_states``."""
-    import torch
-    if args and isinstance(args[0], torch.Tensor):
-        return args[0]
-    if isinstance(args, torch.Tensor):
-        return args
-    if args and isinstance(args[0], (tuple, list)) and args[0] and isinstance(args[0][0], torch.Tensor):
-        return args[0][0]
-    kwargs = kwargs or {}
-    if isinstance(kwargs.get("hidden_states"), torch.Tensor):
-        return kwargs["hidden_states"]
-    for t in _tensors(list(args) + list(kwargs.values())):
-        return t
-    return None
-
 
 def _nbytes(t) -> int:
     return int(t.untyped_storage().nbytes())
@@ -310,7 +230,7 @@ def _recomputed_backward_peaks(step, mods, rec, n):
     """The peak of each block's backward phase, and of the head, in a step with every block
     checkpointed on its own (one step to warm that path up, one measured)."""
     import torch
-    from .wrapping import _unwrap, _wrap
+    from .segments import _unwrap, _wrap
     for i in range(n):
         _wrap(mods, i, i + 1)
     try:
@@ -399,7 +319,15 @@ def profile(model, sample_input, *, loss_fn=None, optimizer=None, blocks=None, s
             call_model(model, sample_input)
         fwd_nograd = list(rec.fwd_peak)
         torch.cuda.synchronize()
-        remat_peak, remat_head_peak = _recomputed_backward_peaks(step, mods, rec, n)
+        try:
+            remat_peak, remat_head_peak = _recomputed_backward_peaks(step, mods, rec, n)
+        except Exception as e:  # a block that cannot run twice (a cache updated in place, say)
+            warnings.warn(f"vramkit.checkpoint.profile: the step with every block checkpointed failed ({e!r:.200}); "
+                          "the chain models a recomputed block like a kept one (no bwd_remat, no ckpt_extra)",
+                          stacklevel=2)
+            remat_peak = remat_head_peak = None
+            step.zero()
+            torch.cuda.synchronize()
     finally:
         rec.remove()
         saved.restore()
@@ -424,12 +352,14 @@ def profile(model, sample_input, *, loss_fn=None, optimizer=None, blocks=None, s
     # attention mask the model's forward made: ckpt_extra, from the head's peak with every block
     # checkpointed against without).
     head = r["head_peak"] - base - cum
-    ckpt_extra = max(0, (remat_head_peak - base - sum(inp)) - head)
-    bwd_remat, kept = [], 0
-    for i in range(n):
-        own = act[i] + (0 if saves_input[i] else inp[i])
-        bwd_remat.append(remat_peak[i] - base - kept - own - ckpt_extra)
-        kept += inp[i]
+    ckpt_extra, bwd_remat = 0, None
+    if remat_peak is not None:
+        ckpt_extra = max(0, (remat_head_peak - base - sum(inp)) - head)
+        bwd_remat, kept = [], 0
+        for i in range(n):
+            own = act[i] + (0 if saves_input[i] else inp[i])
+            bwd_remat.append(remat_peak[i] - base - kept - own - ckpt_extra)
+            kept += inp[i]
     t = [statistics.median(col) for col in zip(*times)]
     return Chain(act=act, inp=inp, time=t, names=names, saves_input=saves_input, fwd=r["fwd_peak"],
                  fwd_nograd=fwd_nograd, bwd=bwd, grad_in=grad_in, bwd_remat=bwd_remat, base=base, head=head,

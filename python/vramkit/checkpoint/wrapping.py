@@ -12,73 +12,16 @@ from __future__ import annotations
 import warnings
 import weakref
 
+from .blocks import find_blocks
 from .model import Chain, Plan
-from .profiling import find_blocks, hidden_of
+from .segments import _unwrap, _wrap  # noqa: F401 (used by profile and the tests too)
 
 _applied: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def _chain_call(forwards):
-    """Runs block forwards one after the other, each on the previous one's hidden state."""
-    def run(*args, **kwargs):
-        out = forwards[0](*args, **kwargs)
-        for f in forwards[1:]:
-            h = out[0] if isinstance(out, (tuple, list)) else out
-            if args:
-                out = f(h, *args[1:], **kwargs)
-            else:
-                out = f(**{**kwargs, "hidden_states": h})
-        return out
-    return run
-
-
-def _wrap(mods, l, r):
-    import torch.utils.checkpoint as cp
-    seg = mods[l:r]
-    run = _chain_call([m.forward for m in seg])    # the blocks' own forwards (ours were removed)
-    state = {}
-
-    def checkpointed(*args, **kwargs):
-        out = cp.checkpoint(run, *args, use_reentrant=False, **kwargs)
-        if r - l > 1:
-            state["out"] = out
-            state["left"] = r - l - 1
-        return out
-
-    def passthrough(i):
-        def forward(*args, **kwargs):
-            out = state.get("out")
-            h = out[0] if isinstance(out, (tuple, list)) else out
-            if out is None or hidden_of(args, kwargs) is not h:
-                raise RuntimeError(f"vramkit.checkpoint: block {i} of a checkpointed segment ({l}-{r - 1}) was not "
-                                   "called with the segment's output; this model's loop does more than chain its "
-                                   "blocks: plan with max_segment=1")
-            state["left"] -= 1
-            if state["left"] == 0:
-                state.clear()
-            return out
-        return forward
-
-    checkpointed._vramkit_checkpoint = True
-    seg[0].forward = checkpointed
-    for k, m in enumerate(seg[1:], start=l + 1):
-        m.forward = passthrough(k)
-        m.forward._vramkit_checkpoint = True
-    return seg
-
-
-def _unwrap(mods) -> None:
-    """Drop any forward of ours from these blocks (also one applied through another handle)."""
-    for m in mods:
-        f = m.__dict__.get("forward")
-        if f is not None and getattr(f, "_vramkit_checkpoint", False):
-            del m.__dict__["forward"]
-
-
 def remove(model) -> None:
-    """Undo :func:`apply_plan`: the blocks run their own ``forward`` again."""
-    for m in _applied.pop(model, []):
-        m.__dict__.pop("forward", None)
+    """Undo :func:`apply_plan`: the blocks run the forward they had before it again."""
+    _unwrap(_applied.pop(model, []))
 
 
 def apply_plan(model, plan: Plan, *, blocks=None) -> Plan:
