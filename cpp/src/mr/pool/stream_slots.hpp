@@ -114,24 +114,24 @@ class slot_table {
     b->seq = seq;
     if (block* p = b->prev; p && p->state == block::free_state && p->slot == slot) {
       remove(p);
-      p->size += b->size;
-      p->unmapped += b->unmapped;
-      p->seq = std::max(p->seq, b->seq);
-      p->next = b->next;
-      if (b->next) b->next->prev = p;
-      blocks.recycle(b);
+      absorb(p, b, blocks);
       b = p;
     }
     if (block* n = b->next; n && n->state == block::free_state && n->slot == slot) {
       remove(n);
-      b->size += n->size;
-      b->unmapped += n->unmapped;
-      b->seq = std::max(b->seq, n->seq);
-      b->next = n->next;
-      if (n->next) n->next->prev = b;
-      blocks.recycle(n);
+      absorb(b, n, blocks);
     }
     insert(b, slot);
+  }
+
+  // Block r, out of every index, becomes part of its left neighbour l (both free, one slot).
+  static void absorb(block* l, block* r, block_pool& blocks) {
+    l->size += r->size;
+    l->unmapped += r->unmapped;
+    l->seq = std::max(l->seq, r->seq);
+    l->next = r->next;
+    if (r->next) r->next->prev = l;
+    blocks.recycle(r);
   }
 
   // k more interior pages of free block b were taken away (stolen): it is
