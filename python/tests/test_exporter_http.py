@@ -12,15 +12,31 @@ import pytest
 from vramkit.monitor.exporter import start_exporter
 
 
+def _read_all(s: socket.socket, size: int = 65536, pause: float = 0.0) -> bytes:
+    """Read until the server closes (``pause`` s after each read: a slow reader)."""
+    out = bytearray()
+    while chunk := s.recv(size):
+        out += chunk
+        if pause:
+            time.sleep(pause)
+    return bytes(out)
+
+
+def _small_window(port: int, timeout: float) -> socket.socket:
+    """A client connection with a 4 KiB receive buffer: the server's writes to it are partial."""
+    s = socket.socket()
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.settimeout(timeout)
+    s.connect(("127.0.0.1", port))
+    return s
+
+
 def _raw(port: int, data: bytes, *, timeout: float = 5.0) -> bytes:
     """Send ``data``, half-close, and read until the server closes."""
     with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
         s.sendall(data)
         s.shutdown(socket.SHUT_WR)
-        out = b""
-        while chunk := s.recv(65536):
-            out += chunk
-    return out
+        return _read_all(s)
 
 
 def _responses(raw: bytes) -> list[tuple[int, dict[str, str], bytes]]:
@@ -79,9 +95,7 @@ def test_http_1_0_closes_unless_keep_alive(exp):
         time.sleep(0.3)
         s.sendall(b"GET / HTTP/1.0\r\n\r\n")
         s.shutdown(socket.SHUT_WR)
-        data = b""
-        while chunk := s.recv(65536):
-            data += chunk
+        data = _read_all(s)
     assert [c for c, _, _ in _responses(data)] == [200, 200, 200]
 
 
@@ -119,9 +133,7 @@ def test_a_request_split_across_many_writes(exp):
             s.sendall(req[i:i + 1])
             if i % 8 == 0:
                 time.sleep(0.005)
-        data = b""
-        while chunk := s.recv(65536):
-            data += chunk
+        data = _read_all(s)
     assert [c for c, _, _ in _responses(data)] == [200]
 
 
@@ -129,18 +141,13 @@ def test_a_slow_reader_gets_every_byte_and_others_are_served_meanwhile(exp):
     # Many pipelined scrapes with a tiny receive buffer: the server's writes are partial and it must
     # keep the rest, while a second client is answered without waiting for the first.
     n = 400
-    slow = socket.socket()
-    slow.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    slow.settimeout(10)
-    slow.connect(("127.0.0.1", exp.port))
+    slow = _small_window(exp.port, 10)
     slow.sendall(b"GET /metrics HTTP/1.1\r\n\r\n" * (n - 1) + b"GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n")
     time.sleep(0.3)
     t0 = time.monotonic()
     (c, _, _), = _responses(_raw(exp.port, b"GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n"))
     assert c == 200 and time.monotonic() - t0 < 2
-    data = b""
-    while chunk := slow.recv(1024):
-        data += chunk
+    data = _read_all(slow, 1024)
     slow.close()
     got = _responses(data)
     assert len(got) == n and all(c == 200 and b"vramkit_" in body for c, _, body in got)
@@ -152,18 +159,13 @@ def test_a_client_that_does_not_read_holds_back_its_requests_not_memory(exp):
     # it reads, and only closes once everything asked for was sent.
     from vramkit.monitor.exporter import _MAX_OUT
     n = 4000
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    s.settimeout(20)
-    s.connect(("127.0.0.1", exp.port))
+    s = _small_window(exp.port, 20)
     s.sendall(b"GET /metrics HTTP/1.1\r\n\r\n" * n)
     s.shutdown(socket.SHUT_WR)
     time.sleep(0.5)
     conns = list(exp._server._conns.values())
     assert len(conns) == 1 and len(conns[0].out) < _MAX_OUT + (64 << 10)
-    data = b""
-    while chunk := s.recv(1 << 16):
-        data += chunk
+    data = _read_all(s)
     s.close()
     got = _responses(data)
     assert len(got) == n and all(c == 200 for c, _, _ in got)
@@ -201,18 +203,13 @@ def test_a_slow_but_steady_reader_is_not_closed_as_idle(exp):
     # connection and gets every answer.
     exp._server.idle_timeout = 0.5
     n = 3000
-    s = socket.socket()
-    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
-    s.settimeout(10)
-    s.connect(("127.0.0.1", exp.port))
+    s = _small_window(exp.port, 10)
     s.sendall(b"GET /metrics HTTP/1.1\r\n\r\n" * (n - 1) + b"GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n")
-    data, t0 = bytearray(), time.monotonic()
-    while chunk := s.recv(4096):
-        data += chunk
-        time.sleep(0.002)
+    t0 = time.monotonic()
+    data = _read_all(s, 4096, pause=0.002)
     s.close()
     assert time.monotonic() - t0 > 2 * exp._server.idle_timeout  # the test read slowly enough to mean it
-    assert len(_responses(bytes(data))) == n
+    assert len(_responses(data)) == n
 
 
 def test_stop_while_a_scrape_renders_leaves_the_loop_its_sockets(capsys):
@@ -229,9 +226,7 @@ def test_stop_while_a_scrape_renders_leaves_the_loop_its_sockets(capsys):
     time.sleep(0.2)
     threading.Timer(1.0, release.set).start()
     exp.stop()
-    data = b""
-    while chunk := s.recv(65536):
-        data += chunk
+    data = _read_all(s)
     s.close()
     assert [c for c, _, _ in _responses(data)] == [200]
     assert "request failed" not in capsys.readouterr().err
@@ -264,8 +259,6 @@ def test_connections_beyond_the_cap_wait_in_the_accept_queue(exp):
     for s in idle[6:]:
         s.sendall(b"GET /metrics HTTP/1.1\r\nConnection: close\r\n\r\n")
     for s in idle[6:]:
-        data = b""
-        while chunk := s.recv(65536):
-            data += chunk
+        data = _read_all(s)
         s.close()
         assert [c for c, _, _ in _responses(data)] == [200]
