@@ -5,8 +5,8 @@
 // vk_quant_set_launch says so); each thread holds 2 or 4 (at 8192: 4 or 8) 16-byte vectors of
 // the input (rows; V = 4 fp32 or 8 fp16/bf16 elements each), so every load instruction of a warp
 // reads 512 contiguous bytes. A quantization block of B elements is B/V consecutive vectors:
-// within one warp up to 32 rows of vectors (its absmax from warp shuffles and a max over the
-// thread's rows), across warps above that (one shared-memory step). By default the grid is
+// within one warp up to 32 x rows vectors (B = 512 at the default tile; its absmax from warp
+// shuffles and a max over the thread's rows), across warps above that (one shared-memory step). By default the grid is
 // persistent (a few blocks per multiprocessor loop over the tiles), so the shared-memory tables
 // of the table formats are built once per thread block. All arithmetic is exact or correctly
 // rounded fp32 with no contraction (built with -fmad=false), so results are the same on every
