@@ -6,9 +6,9 @@
 // the input (rows; V = 4 fp32 or 8 fp16/bf16 elements each), so every load instruction of a warp
 // reads 512 contiguous bytes. A quantization block of B elements is B/V consecutive vectors:
 // within one warp up to 32 x rows vectors (B = 512 at the default tile; its absmax from warp
-// shuffles and a max over the thread's rows), across warps above that (one shared-memory step). By default the grid is
-// persistent (a few blocks per multiprocessor loop over the tiles), so the shared-memory tables
-// of the table formats are built once per thread block. All arithmetic is exact or correctly
+// shuffles and a max over the thread's rows), across warps above that (one shared-memory step).
+// By default the grid is persistent (a few blocks per multiprocessor loop over the tiles), so the
+// shared-memory tables of the table formats are built once per thread block. All arithmetic is exact or correctly
 // rounded fp32 with no contraction (built with -fmad=false), so results are the same on every
 // run, for every launch shape, and equal to the NumPy reference.
 #include <cuda_bf16.h>
