@@ -39,6 +39,11 @@ def traces(trace_dir, anchors_dir):
         yield from synthetic_traces(anchors_dir)
 
 
+def quick_replay_text(ops) -> str:
+    """Replay operations as quick_replay reads them: "action id size stream" lines."""
+    return "".join(f"{int(o[0])} {int(o[1])} {int(o[2])} {int(o[3]) if len(o) > 3 else 0}\n" for o in ops)
+
+
 def row(name, conf, peak_live, peak_reserved, frag, ooms, c):
     cells = [name, conf or "default", str(peak_live), str(peak_reserved), frag, str(ooms)]
     cells += [str(c.get(k, "")) for k in COUNTERS]
@@ -80,7 +85,7 @@ def main():
                 f"{res['fragmentation']:.6f}", res["ooms"], r.pool_counters())
             del r
         if a.quick_replay:
-            text = "".join(f"{int(o[0])} {int(o[1])} {int(o[2])} {int(o[3]) if len(o) > 3 else 0}\n" for o in ops)
+            text = quick_replay_text(ops)
             for conf in ["", "defer_unmap:true", "keep_mappings:false"]:
                 env = dict(os.environ, VKLAG=str(a.lag), VKPASSES=str(a.passes))
                 out = subprocess.run([a.quick_replay] + ([conf] if conf else []), input=text, text=True,

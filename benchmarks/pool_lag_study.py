@@ -16,15 +16,14 @@ for a GPU run, it does not replace one.
 from __future__ import annotations
 
 import argparse
-import glob
 import os
 import re
 import statistics
 import subprocess
 import sys
 
-from vramkit.cli import replay_ops
-from vramkit.trace import load_trace
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from pool_counters import quick_replay_text, traces  # noqa: E402
 
 PASS = re.compile(r"pass (\d+): created (\d+) mapped (\d+) unmapped (\d+) remapped (\d+) reused (\d+) destroyed (\d+) "
                   r"reserved (\d+) MiB waits (\d+) driver_ms ([\d.]+)")
@@ -44,27 +43,26 @@ def main() -> int:
         ap.error("--passes must be at least 4 (steady state is the median of the last three)")
     lags = [int(x) for x in a.lags.split(",")]
     configs = a.configs.split(";")
-    files = sorted(glob.glob(os.path.join(a.trace_dir, "*.trace.csv*")))
-    if not files:
+    items = list(traces(a.trace_dir, None))
+    if not items:
         print(f"no *.trace.csv* files in {a.trace_dir}", file=sys.stderr)
         return 2
     print("| trace | lag | config | reserved/live | cold driver ms | steady driver ms/pass | steady moves/pass | steady waits/pass |")
     print("|---|---|---|---|---|---|---|---|")
-    for f in files:
-        t = load_trace(f)
-        text = "\n".join(" ".join(map(str, r)) for r in replay_ops(t).tolist()) + "\n"
+    for name, ops in items:
+        text = quick_replay_text(ops)
         for lag in lags:
             for conf in configs:
                 args = [a.quick_replay] + ([] if conf == "default" else [_bytes(conf)])
                 env = dict(os.environ, VKLAG=str(lag), VKPASSES=str(a.passes))
                 out = subprocess.run(args, input=text, text=True, capture_output=True, env=env)
                 if out.returncode != 0:
-                    print(f"| {t.name} | {lag} | {conf} | failed: {out.stderr.strip().splitlines()[-1][:80]} | | | | |")
+                    print(f"| {name} | {lag} | {conf} | failed: {out.stderr.strip().splitlines()[-1][:80]} | | | | |")
                     continue
                 passes = [tuple(float(x) for x in m.groups()) for m in PASS.finditer(out.stdout)]
                 ratio = float(RATIO.search(out.stdout).group(1))
                 tail = passes[-3:]
-                print(f"| {t.name} | {lag} | {conf} | {ratio:.3f} | {passes[0][9]:.0f} | "
+                print(f"| {name} | {lag} | {conf} | {ratio:.3f} | {passes[0][9]:.0f} | "
                       f"{statistics.median(p[9] for p in tail):.1f} | {statistics.median(p[4] for p in tail):.0f} | "
                       f"{statistics.median(p[8] for p in tail):.0f} |", flush=True)
     return 0

@@ -434,9 +434,10 @@ class _Server:
 
     def _respond(self, conn: _Conn, code: int, body: bytes, *, close: bool, ctype: str = "text/plain; charset=utf-8",
                  head_only: bool = False, extra: str = "") -> None:
+        connection = "Connection: close\r\n" if close else ""
         head = (f"HTTP/1.1 {code} {_REASONS[code]}\r\nServer: vramkit-exporter\r\n"
                 f"Date: {email.utils.formatdate(usegmt=True)}\r\nContent-Type: {ctype}\r\n"
-                f"Content-Length: {len(body)}\r\n{extra}{'Connection: close' + chr(13) + chr(10) if close else ''}\r\n")
+                f"Content-Length: {len(body)}\r\n{extra}{connection}\r\n")
         conn.out += head.encode("latin-1")
         if not head_only:
             conn.out += body
