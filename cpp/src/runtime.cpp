@@ -1,5 +1,6 @@
 #include "vramkit/runtime.hpp"
 
+#include <atomic>
 #include <cstdlib>
 #include <map>
 #include <mutex>
@@ -15,6 +16,7 @@ namespace vramkit {
 namespace {
 std::mutex g_mu;
 std::map<int, std::shared_ptr<device_resource>> g_current;
+std::atomic<std::uint64_t> g_generation{1};
 std::map<int, std::shared_ptr<page_device>> g_pages;
 std::map<int, std::shared_ptr<stream_ops>> g_streams;
 
@@ -121,16 +123,17 @@ void set_current_resource(std::shared_ptr<device_resource> r, int device) {
                            ", not device " + std::to_string(device));
   std::lock_guard<std::mutex> lk(g_mu);
   g_current[device] = std::move(r);
+  g_generation.fetch_add(1, std::memory_order_acq_rel);
 }
+
+std::uint64_t current_resource_generation() noexcept { return g_generation.load(std::memory_order_acquire); }
 
 statistics_adaptor* find_statistics(device_resource* r) {
   while (r) {
     if (auto* s = dynamic_cast<statistics_adaptor*>(r)) return s;
-    if (auto* l = dynamic_cast<limiting_adaptor*>(r)) {
-      (void)l;
-      return nullptr;
-    }
-    return nullptr;
+    auto* t = dynamic_cast<tracking_adaptor*>(r);
+    if (!t) return nullptr;
+    r = t->upstream().get();
   }
   return nullptr;
 }
@@ -146,6 +149,7 @@ pool_resource* find_pool(device_resource* r) {
 void reset_runtime() {
   std::lock_guard<std::mutex> lk(g_mu);
   g_current.clear();
+  g_generation.fetch_add(1, std::memory_order_acq_rel);
 }
 
 std::shared_ptr<device_resource> make_resource(const std::string& spec, int device) {

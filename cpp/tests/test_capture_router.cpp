@@ -268,3 +268,22 @@ TEST(capture_aware_events, markers_complete_when_no_capture_is_under_way) {
   ev.release(m);
   ev.release(e);
 }
+
+TEST(capture_router, a_replaced_main_resource_serves_from_then_on_and_frees_what_the_old_one_gave) {
+  fixture f;
+  void* before = f.router->allocate(2 * MiB, 0);
+  // An adaptor over the same memory (what leak tracking puts over the pool).
+  auto over = std::make_shared<statistics_adaptor>(f.main);
+  f.router->set_main(over, 5);
+  EXPECT_EQ(f.router->main_generation(), 5u);
+  EXPECT_EQ(f.router->main().get(), over.get());
+  void* during = f.router->allocate(3 * MiB, 0);
+  auto* s = dynamic_cast<statistics_adaptor*>(over.get());
+  EXPECT_EQ(s->stats().allocated_bytes.current, static_cast<std::int64_t>(3 * MiB));
+  EXPECT_EQ(f.router->deallocate(before, 2 * MiB, 0), free_status::ok);  // given by the old one
+  f.router->set_main(f.main, 6);  // taken off again
+  EXPECT_EQ(f.router->deallocate(during, 3 * MiB, 0), free_status::ok);
+  EXPECT_EQ(f.main->state().live_bytes, 0u);
+  EXPECT_THROW(f.router->set_main(nullptr, 7), invalid_argument);
+  EXPECT_EQ(f.router->main_generation(), 6u);
+}

@@ -66,7 +66,7 @@ void bind_resource(nb::module_& m) {
             return r.allocation_size(reinterpret_cast<void*>(p));
           })
       .def("statistics", [](device_resource& r) -> nb::object {
-            auto* s = dynamic_cast<statistics_adaptor*>(&r);
+            auto* s = find_statistics(&r);  // through a tracking adaptor put over it
             if (!s) return nb::none();
             return stats_dict(s->stats());
           })

@@ -5,7 +5,8 @@
 // Every device gets one capture_router over its current resource (the same
 // resource the Python module uses: both link the one shared core library), so
 // allocations made while a graph is captured come from the graph's private
-// pool. Routers live until the process ends: PyTorch frees tensors as late as
+// pool. The router follows the current resource when it is replaced (leak
+// tracking puts an adaptor over it and takes it off again). Routers live until the process ends: PyTorch frees tensors as late as
 // its own static destructors, after which nothing here may be gone.
 #include <algorithm>
 #include <array>
@@ -36,7 +37,7 @@ std::atomic<bool> g_exiting{false};
 std::atomic<int (*)(int)> g_thread_capturing{nullptr};
 
 std::shared_ptr<device_resource> make_private_pool(int device, capture_router* r) {
-  pool_resource* main_pool = find_pool(&r->main());
+  pool_resource* main_pool = find_pool(r->main().get());
   pool_options o = main_pool ? main_pool->options() : pool_options::from_env();
   // A graph holds the addresses it captured: its pool never moves or unmaps
   // a page while it lives.
@@ -55,13 +56,22 @@ std::shared_ptr<device_resource> make_private_pool(int device, capture_router* r
   return std::make_shared<pool_resource>(cuda::make_cuda_resource(device), events, o);
 }
 
+// The router's main resource is the device's current one (one atomic load to
+// tell that it still is).
+capture_router& follow(capture_router& r, int device) {
+  std::uint64_t g = current_resource_generation();
+  if (r.main_generation() != g) r.set_main(current_resource(device), g);
+  return r;
+}
+
 capture_router& router(int device) {
   if (device < 0 || device >= max_devices) throw invalid_argument("vramkit: device index " + std::to_string(device));
   capture_router* r = g_routers[device].load(std::memory_order_acquire);
-  if (r) return *r;
+  if (r) return follow(*r, device);
   std::lock_guard<std::mutex> lk(g_make_mu);
   r = g_routers[device].load(std::memory_order_acquire);
-  if (r) return *r;
+  if (r) return follow(*r, device);
+  std::uint64_t generation = current_resource_generation();
   auto main = current_resource(device);
   // The private-pool factory needs the router's own address.
   auto* holder = new capture_router*(nullptr);
@@ -74,8 +84,9 @@ capture_router& router(int device) {
       },
       [device] { cuda::synchronize_device(device); });
   *holder = made;
+  made->set_main(main, generation);
   g_routers[device].store(made, std::memory_order_release);
-  return *made;
+  return follow(*made, device);
 }
 
 // Runs f with the thread's capture mode relaxed while a capture may be under
@@ -109,7 +120,7 @@ __attribute__((visibility("default"))) void vramkit_torch_free(void* ptr, std::s
   try {
     capture_router& r = router(device);
     free_status s = relaxed(r, [&] { return r.deallocate(ptr, size, reinterpret_cast<stream_t>(stream)); });
-    if (s != free_status::ok) report_bad_free(r.main(), ptr, size, s);
+    if (s != free_status::ok) report_bad_free(*r.main(), ptr, size, s);
   } catch (...) {
   }
 }
@@ -131,7 +142,7 @@ __attribute__((visibility("default"))) int vramkit_torch_record_stream_any(void*
     capture_router* r = g_routers[d].load(std::memory_order_acquire);
     if (!r) continue;
     graph_pool_id id;
-    if (r->owner(ptr, id) || r->main().allocation_size(ptr) != 0) return vramkit_torch_record_stream(ptr, d, stream);
+    if (r->owner(ptr, id) || r->main()->allocation_size(ptr) != 0) return vramkit_torch_record_stream(ptr, d, stream);
   }
   return -1;
 }
@@ -204,7 +215,7 @@ __attribute__((visibility("default"))) void vramkit_torch_empty_cache() {
     capture_router* r = g_routers[d].load(std::memory_order_acquire);
     if (!r) continue;
     try {
-      r->main().release_cached();
+      r->main()->release_cached();
     } catch (...) {
     }
   }
@@ -261,7 +272,8 @@ struct vramkit_torch_figures {
 __attribute__((visibility("default"))) int vramkit_torch_stats(int device, vramkit_torch_figures* out) {
   try {
     capture_router& r = router(device);
-    memory_state m = r.main().state();
+    auto main = r.main();
+    memory_state m = main->state();
     *out = {};
     out->allocated_current = static_cast<std::int64_t>(m.live_bytes);
     out->allocated_peak = static_cast<std::int64_t>(m.peak_live_bytes);
@@ -275,7 +287,7 @@ __attribute__((visibility("default"))) int vramkit_torch_stats(int device, vramk
     out->device_allocs = static_cast<std::int64_t>(m.upstream_allocs);
     out->device_frees = static_cast<std::int64_t>(m.upstream_frees);
     out->largest_free = static_cast<std::int64_t>(m.largest_free_bytes);
-    if (auto* s = find_statistics(&r.main())) {
+    if (auto* s = find_statistics(main.get())) {
       auto st = s->stats();
       out->allocated_current = st.allocated_bytes.current;
       out->allocated_peak = st.allocated_bytes.peak;
@@ -300,7 +312,7 @@ __attribute__((visibility("default"))) int vramkit_torch_stats(int device, vramk
 
 __attribute__((visibility("default"))) void vramkit_torch_reset_peaks(int device) {
   try {
-    router(device).main().reset_peaks();
+    router(device).main()->reset_peaks();
   } catch (...) {
   }
 }
@@ -339,7 +351,8 @@ __attribute__((visibility("default"))) long vramkit_torch_pool_live(int device, 
 
 __attribute__((visibility("default"))) int vramkit_torch_set_fraction(int device, double fraction) {
   try {
-    pool_resource* p = find_pool(&router(device).main());
+    auto main = router(device).main();
+    pool_resource* p = find_pool(main.get());
     if (!p) return -1;
     std::size_t fr = 0, total = 0;
     device_mem_info(device, fr, total);

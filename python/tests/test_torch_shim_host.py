@@ -93,3 +93,28 @@ def test_frees_after_exit_are_silent_and_a_double_free_before_is_not(mode, lines
     said = [ln for ln in p.stderr.splitlines() if "vramkit" in ln]
     assert p.returncode == 3, p.stderr
     assert len(said) == lines, p.stderr
+
+
+def test_shim_allocations_reach_a_tracker_put_over_the_pool_later():
+    """PyTorch allocates through the shim; leak_check()/watch() put a tracking adaptor over the
+    device's resource after the shim's router was made. The router must follow it (and go back)."""
+    if vramkit.backend() != "host":
+        pytest.skip("the host case; test_gpu_leaks.py drives the same path through PyTorch")
+    from vramkit.leaks import leak_check
+    lib = _lib()
+    first = lib.vramkit_torch_alloc(1 << 20, 0, None)  # the router exists before tracking starts
+    base = vramkit.memory_allocated()
+    with leak_check() as lc:
+        kept = lib.vramkit_torch_alloc(3 << 20, 0, None)
+        brief = lib.vramkit_torch_alloc(2 << 20, 0, None)
+        lib.vramkit_torch_free(brief, 2 << 20, 0, None)
+        lib.vramkit_torch_free(first, 1 << 20, 0, None)  # made before tracking: passes through
+        assert vramkit.memory_allocated() - base == (3 << 20) - (1 << 20)  # statistics seen through the tracker
+    assert [(g["count"], g["bytes"]) for g in lc.leaks] == [(1, 3 << 20)], lc.report()
+    from vramkit.leaks import _tracking
+    assert _tracking.active_tracker() is None  # the tracker is off again
+    lib.vramkit_torch_free(kept, 3 << 20, 0, None)  # after tracking: straight to the pool
+    assert vramkit.memory_allocated() == base - (1 << 20)
+    after = lib.vramkit_torch_alloc(1 << 20, 0, None)
+    lib.vramkit_torch_free(after, 1 << 20, 0, None)
+    assert vramkit.memory_allocated() == base - (1 << 20)

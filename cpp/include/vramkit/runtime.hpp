@@ -1,6 +1,7 @@
 // Process-wide state: which backend serves devices, and the current resource
 // of each device (what vramkit.alloc and the framework shims allocate from).
 #pragma once
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -32,7 +33,11 @@ std::shared_ptr<stream_ops> default_stream_ops(int device);
 // pool_options::from_env().
 std::shared_ptr<device_resource> current_resource(int device);
 void set_current_resource(std::shared_ptr<device_resource> r, int device);
-// The statistics adaptor / pool inside the current resource chain, or null.
+// Bumped by every set_current_resource and reset_runtime: holders of a
+// device's current resource (the PyTorch shim) see with one load that it changed.
+std::uint64_t current_resource_generation() noexcept;
+// The statistics adaptor / pool inside a resource chain (through tracking
+// adaptors), or null.
 statistics_adaptor* find_statistics(device_resource* r);
 pool_resource* find_pool(device_resource* r);
 // Drops every device's current resource (tests; frees nothing still live).

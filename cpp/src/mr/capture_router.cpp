@@ -30,7 +30,7 @@ capture_router::capture_router(std::shared_ptr<device_resource> main, make_pool_
       stream_capturing_(std::move(stream_capturing)),
       thread_capturing_(std::move(thread_capturing)),
       synchronize_(std::move(synchronize)) {
-  if (!main_) throw invalid_argument("capture_router: no main resource");
+  if (!main_.load()) throw invalid_argument("capture_router: no main resource");
   if (!make_pool_) throw invalid_argument("capture_router: no way to make private pools");
 }
 
@@ -44,8 +44,16 @@ capture_router::~capture_router() {
     } catch (...) {
     }
   }
+  auto m = main();
   for (auto& [id, p] : pools_)
-    for (auto& a : p->aside) main_->try_deallocate(a.ptr, a.bytes, a.stream);
+    for (auto& a : p->aside) m->try_deallocate(a.ptr, a.bytes, a.stream);
+}
+
+void capture_router::set_main(std::shared_ptr<device_resource> m, std::uint64_t generation) {
+  if (!m) throw invalid_argument("capture_router: no main resource");
+  std::lock_guard<std::mutex> lk(mu_);
+  main_.store(std::move(m), std::memory_order_release);
+  main_generation_.store(generation, std::memory_order_release);
 }
 
 capture_router::private_pool* capture_router::pool_for_(graph_pool_id id) {
@@ -72,13 +80,13 @@ void* capture_router::allocate(std::size_t bytes, stream_t stream) {
       return ptr;
     }
   }
-  return main_->allocate(bytes, stream);
+  return main()->allocate(bytes, stream);
 }
 
 free_status capture_router::deallocate(void* ptr, std::size_t bytes, stream_t stream) noexcept {
   if (!ptr) return free_status::ok;
   if (private_live_.load(std::memory_order_acquire) == 0 && !routing())
-    return main_->try_deallocate(ptr, bytes, stream);
+    return main()->try_deallocate(ptr, bytes, stream);
   std::unique_lock<std::mutex> lk(mu_);
   auto it = owners_.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it != owners_.end()) {
@@ -101,12 +109,13 @@ free_status capture_router::deallocate(void* ptr, std::size_t bytes, stream_t st
     }
     // Only a block the main resource really holds is set aside; anything
     // else gets the main resource's verdict (double free, foreign pointer).
-    if (capturing && main_->allocation_size(ptr) != 0) {
+    auto m = main();
+    if (capturing && m->allocation_size(ptr) != 0) {
       private_pool* p = pools_.at(open_.back().id).get();
       try {
         p->aside.push_back({ptr, bytes, stream});
       } catch (...) {
-        return main_->try_deallocate(ptr, bytes, stream);
+        return m->try_deallocate(ptr, bytes, stream);
       }
       p->aside_bytes += bytes;
       p->captured = true;
@@ -114,11 +123,11 @@ free_status capture_router::deallocate(void* ptr, std::size_t bytes, stream_t st
     }
   }
   lk.unlock();
-  return main_->try_deallocate(ptr, bytes, stream);
+  return main()->try_deallocate(ptr, bytes, stream);
 }
 
 void capture_router::record_stream(void* ptr, stream_t stream) {
-  std::shared_ptr<device_resource> target = main_;
+  std::shared_ptr<device_resource> target = main();
   {
     std::lock_guard<std::mutex> lk(mu_);
     auto it = owners_.find(reinterpret_cast<std::uintptr_t>(ptr));
@@ -186,7 +195,8 @@ void capture_router::settle_(graph_pool_id id, std::unique_lock<std::mutex>& lk)
     } catch (...) {
     }
   }
-  for (auto& a : aside) main_->try_deallocate(a.ptr, a.bytes, a.stream);
+  auto m = main();
+  for (auto& a : aside) m->try_deallocate(a.ptr, a.bytes, a.stream);
   gone.reset();
 }
 

@@ -81,7 +81,14 @@ class capture_router {
   // True while any begin..end window is open (cheap: one atomic load). Every
   // capture is inside one, so this is also "a capture may be under way".
   bool routing() const noexcept { return windows_.load(std::memory_order_acquire) > 0; }
-  device_resource& main() const noexcept { return *main_; }
+  // The resource everything outside the private pools goes to. It can be
+  // replaced while the router lives (a tracking adaptor put over it, then
+  // taken off): allocations made through the old one free through the new
+  // one, so the new one must reach the same memory (an adaptor over it).
+  std::shared_ptr<device_resource> main() const noexcept { return main_.load(std::memory_order_acquire); }
+  void set_main(std::shared_ptr<device_resource> main, std::uint64_t generation);
+  // The generation given with the last set_main (0 at first).
+  std::uint64_t main_generation() const noexcept { return main_generation_.load(std::memory_order_acquire); }
   std::vector<graph_pool_info> pools() const;
   // Owner of a live pointer: the private pool's id, or nothing (main).
   bool owner(const void* ptr, graph_pool_id& id) const;
@@ -97,7 +104,8 @@ class capture_router {
   // Ends what a pool no longer needs once nobody holds it; unlocks lk.
   void settle_(graph_pool_id id, std::unique_lock<std::mutex>& lk) noexcept;
 
-  std::shared_ptr<device_resource> main_;
+  std::atomic<std::shared_ptr<device_resource>> main_;
+  std::atomic<std::uint64_t> main_generation_{0};
   make_pool_fn make_pool_;
   stream_query stream_capturing_;
   thread_query thread_capturing_;
