@@ -227,17 +227,17 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--no-model", action="store_true")
     ap.add_argument("--launch", default="", help="also time the kernels under these launch shapes, comma-separated "
-                    "TILE:GRID[:SEARCH] with TILE 4096 or 8192, GRID persistent or tiles, SEARCH buckets or compare "
+                    "TILE:GRID[:TABLE] with TILE 4096 or 8192, GRID persistent or tiles, TABLE auto, buckets or direct "
                     "(vramkit.quant.set_launch)")
     args = ap.parse_args()
     launches = []
     for item in filter(None, args.launch.split(",")):
         parts = item.split(":")
         if len(parts) == 2:
-            parts.append("buckets")
+            parts.append("auto")
         if len(parts) != 3 or not parts[0].isdigit() or parts[1] not in ("persistent", "tiles") \
-                or parts[2] not in ("buckets", "compare"):
-            ap.error(f"--launch: {item!r} is not TILE:GRID[:SEARCH] (e.g. 8192:tiles or 4096:persistent:compare)")
+                or parts[2] not in ("auto", "buckets", "direct"):
+            ap.error(f"--launch: {item!r} is not TILE:GRID[:TABLE] (e.g. 8192:tiles or 4096:persistent:buckets)")
         launches.append((int(parts[0]), parts[1], parts[2]))
     import torch
 
@@ -255,9 +255,9 @@ def main() -> int:
         res["copy_gbps"][s] = copy_bandwidth(torch, s * MiB, args.iters)
     kernel_rows(torch, lib, check, sizes, args.iters, res["rows"])
     try:
-        for tile, grid, search in launches:
-            vq.set_launch(tile, grid, search)
-            kernel_rows(torch, lib, check, sizes, args.iters, res["rows"], tag=f"@{tile}/{grid}/{search}", sweep=False)
+        for tile, grid, table in launches:
+            vq.set_launch(tile, grid, table)
+            kernel_rows(torch, lib, check, sizes, args.iters, res["rows"], tag=f"@{tile}/{grid}/{table}", sweep=False)
     finally:
         vq.set_launch()
     api_rows(torch, args.iters, max(sizes), res["rows"])
@@ -301,7 +301,7 @@ def main() -> int:
     if launches:
         shapes = ["kernel"] + [f"kernel@{t}/{g}/{c}" for t, g, c in launches]
         by = {(r["kind"], r["op"], r["format"], r["dtype"], r["size_mib"]): r["pct_copy"] for r in res["rows"]}
-        print("\n% of copy bandwidth by launch shape (\"kernel\" is the default: 4096/persistent/buckets):")
+        print("\n% of copy bandwidth by launch shape (\"kernel\" is the default: 4096/persistent/auto):")
         print(f"{'op':7s} {'format':13s} {'dtype':9s} {'MiB':>5s} " + " ".join(f"{s:>30s}" for s in shapes))
         keys = sorted({k[1:] for k in by if k[0] == "kernel"}, key=lambda k: (k[3], k[2], k[1], k[0]))
         for k in keys:

@@ -95,143 +95,187 @@ __device__ __forceinline__ uint32_t enc_table(const table_spec& s, const uint2* 
   return v > __uint_as_float(b.x) ? (b.y >> 8) & 0xffu : b.y & 0xffu;
 }
 
-// The same code by a binary search of the (16, +inf padded) thresholds of a 4-bit format: each
-// step reads one of 16 floats, so the lanes of a warp never collide in shared memory. A NaN gets
-// what its bucket gives (the last value for +NaN, the first for -NaN).
-template <int F>
-__device__ __forceinline__ uint32_t enc_search(const float* thr, float v) {
-  int k = 0;
-#pragma unroll
-  for (int step = 8; step > 0; step >>= 1)
-    if (thr[k + step - 1] < v) k += step;
-  if (v != v) k = (__float_as_uint(v) >> 31) ? 0 : spec_of(F).values - 1;
-  if constexpr (F == VK_QUANT_FP4) return k < 7 ? 8u | static_cast<uint32_t>(7 - k) : static_cast<uint32_t>(k - 7);
-  else return static_cast<uint32_t>(k);
+// The same code from the direct table of a 4-bit format (index: the value's top 11 bits).
+__device__ __forceinline__ uint32_t enc_direct(const uint2* direct, float v) {
+  const uint2 b = direct[__float_as_uint(v) >> 21];
+  return v > __uint_as_float(b.x) ? (b.y >> 8) & 0xffu : b.y & 0xffu;
 }
 
-template <int F> struct shared_tables {
-  static constexpr int kBuckets = is_table(F) ? spec_of(F).buckets() : 1;
+// DIRECT (4-bit formats): the 2048-entry direct table instead of the bucket table.
+template <int F, bool DIRECT> struct shared_tables {
+  static constexpr int kBuckets = !is_table(F) ? 1 : DIRECT ? kDirectEntries : spec_of(F).buckets();
   uint2 bucket[kBuckets];
   float thr[is_table(F) ? spec_of(F).slots : 1];
 };
 
-template <int F>
-__device__ void build_tables(shared_tables<F>& t) {
+template <int F, bool DIRECT>
+__device__ void build_tables(shared_tables<F, DIRECT>& t) {
   if constexpr (is_table(F)) {
     constexpr table_spec s = spec_of(F);
     for (int k = threadIdx.x; k < s.slots; k += blockDim.x)
       t.thr[k] = k < s.values - 1 ? threshold(F, k) : __uint_as_float(0x7f800000u);
     __syncthreads();
-    for (int b = threadIdx.x; b < s.buckets(); b += blockDim.x) {
+    for (int b = threadIdx.x; b < shared_tables<F, DIRECT>::kBuckets; b += blockDim.x) {
       uint32_t e[2];
-      bool ok;
-      make_bucket(F, s, t.thr, b, e, &ok);
+      if constexpr (DIRECT) {
+        make_direct(F, s, t.thr, b, e);
+      } else {
+        bool ok;
+        make_bucket(F, s, t.thr, b, e, &ok);
+      }
       t.bucket[b] = make_uint2(e[0], e[1]);
     }
     __syncthreads();
   }
 }
 
-template <int F, typename T, bool VEC, int TILE, bool SEARCH>
-__global__ void __launch_bounds__(kThreads) encode_kernel(const T* __restrict__ x, int64_t n, int log2b,
-                                                          uint8_t* __restrict__ codes, float* __restrict__ absmax) {
+// The raw bits of one 16-byte vector, and their values as floats.
+template <typename T>
+__device__ __forceinline__ void unpack_vec(const uint4& raw, float* v) {
+  constexpr int V = elem<T>::V;
+  const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int j = 0; j < V; ++j) v[j] = bits_to_float<T>(w[j * 4 / V], V == 8 ? (j & 1) : 0);
+}
+
+// One tile held in registers (v: row r of lane l is vector w*32R + 32r + l of the tile): the
+// absmax of each quantization block, then the codes. FULL: every element of the tile is below n
+// (no bounds checks, vector stores).
+template <int F, typename T, int TILE, bool DIRECT, bool FULL>
+__device__ __forceinline__ void encode_tile(float (&v)[TILE / (kThreads * elem<T>::V)][elem<T>::V], int64_t base,
+                                            int64_t n, int log2b, const shared_tables<F, DIRECT>& tables, float* part,
+                                            uint8_t* __restrict__ codes, float* __restrict__ absmax) {
   constexpr int V = elem<T>::V, R = TILE / (kThreads * V), LOG2V = V == 4 ? 2 : 3;
   constexpr table_spec spec = spec_of(F);
-  __shared__ shared_tables<F> tables;
-  __shared__ float part[kThreads / 32];  // one absmax per warp, for blocks that span warps
-  build_tables<F>(tables);
-
-  // Warp w of the tile holds vectors w*32R .. w*32R + 32R - 1: row r of lane l is vector
-  // w*32R + 32r + l, so each load instruction of a warp reads 512 contiguous bytes and a block of
-  // up to 32R vectors (512 elements) lies within one warp: shuffles, no barrier.
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int log2g = log2b - LOG2V, G = 1 << log2g;  // vectors per block
   const int width = G < 32 ? G : 32;
   const int rows_per_block = G <= 32 ? 1 : (G >> 5) < R ? (G >> 5) : R;
+  float m[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    m[r] = 0.0f;
+#pragma unroll
+    for (int j = 0; j < V; ++j) m[r] = fmaxf(m[r], fabsf(v[r][j]));
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1)  // width is the same for the whole warp
+      if (off < width) m[r] = fmaxf(m[r], __shfl_xor_sync(0xffffffffu, m[r], off));
+  }
+  if (rows_per_block > 1) {  // a block spans rows of this warp
+    float g[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      g[r] = m[r];
+#pragma unroll
+      for (int k = 0; k < R; ++k)
+        if ((k ^ r) < rows_per_block) g[r] = fmaxf(g[r], m[k]);  // same aligned group of rows
+    }
+#pragma unroll
+    for (int r = 0; r < R; ++r) m[r] = g[r];
+  }
+  if (G > 32 * R) {  // a block spans warps (B >= 1024); uniform over the thread block
+    __syncthreads();  // the last tile's readers of part are done
+    if (lane == 0) part[warp] = m[0];
+    __syncthreads();
+    const int warps = G / (32 * R), first = warp & ~(warps - 1);
+    float a = 0.0f;
+    for (int i = 0; i < warps; ++i) a = fmaxf(a, part[first + i]);
+#pragma unroll
+    for (int r = 0; r < R; ++r) m[r] = a;
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int vi = warp * 32 * R + r * 32 + lane;
+    const int64_t e = base + static_cast<int64_t>(vi) * V;
+    if (!FULL && e >= n) continue;
+    if ((vi & (G - 1)) == 0) absmax[e >> log2b] = m[r];
+    const float inv = m[r] > 0.0f ? fminf(__fdiv_rn(qmax(F), m[r]), FLT_MAX) : 0.0f;
+    uint32_t c[V];
+    if constexpr (F == VK_QUANT_INT8) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) c[j] = enc_int8(v[r][j], inv);
+    } else if constexpr (F == VK_QUANT_FP8_E4M3 || F == VK_QUANT_FP8_E5M2) {
+#pragma unroll
+      for (int j = 0; j < V; j += 2) {
+        const uint32_t p = enc_fp8x2<F>(__fmul_rn(v[r][j], inv), __fmul_rn(v[r][j + 1], inv));
+        c[j] = p & 0xffu;
+        c[j + 1] = p >> 8;
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        if constexpr (DIRECT) c[j] = enc_direct(tables.bucket, __fmul_rn(v[r][j], inv));
+        else c[j] = enc_table(spec, tables.bucket, __fmul_rn(v[r][j], inv));
+      }
+    }
+    const bool whole = FULL || e + V <= n;
+    if constexpr (is_4bit(F)) {  // first element in the high nibble
+      uint32_t w = 0;
+#pragma unroll
+      for (int j = 0; j < V; j += 2) w |= ((c[j] << 4) | c[j + 1]) << (4 * j);
+      uint8_t* dst = codes + (e >> 1);
+      if (whole) {
+        if constexpr (V == 4) *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(w);
+        else *reinterpret_cast<uint32_t*>(dst) = w;
+      } else {
+        for (int j = 0; j < V / 2; ++j)
+          if (e + 2 * j < n) dst[j] = static_cast<uint8_t>(w >> (8 * j));
+      }
+    } else {
+      uint32_t w[2] = {0, 0};
+#pragma unroll
+      for (int j = 0; j < V; ++j) w[j >> 2] |= c[j] << (8 * (j & 3));
+      uint8_t* dst = codes + e;
+      if (whole) {
+        if constexpr (V == 4) *reinterpret_cast<uint32_t*>(dst) = w[0];
+        else *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
+      } else {
+        for (int j = 0; j < V; ++j)
+          if (e + j < n) dst[j] = static_cast<uint8_t>(w[j >> 2] >> (8 * (j & 3)));
+      }
+    }
+  }
+}
+
+// VEC: x is 16-byte aligned and codes 8-byte aligned. Whole tiles take the fast path, and a thread
+// block that loops over tiles (persistent grid) has the next tile's loads in flight while it
+// encodes the current one.
+template <int F, typename T, bool VEC, int TILE, bool DIRECT>
+__global__ void __launch_bounds__(kThreads) encode_kernel(const T* __restrict__ x, int64_t n, int log2b,
+                                                          uint8_t* __restrict__ codes, float* __restrict__ absmax) {
+  static_assert(!DIRECT || is_4bit(F), "direct tables are for the 4-bit formats");
+  constexpr int V = elem<T>::V, R = TILE / (kThreads * V);
+  __shared__ shared_tables<F, DIRECT> tables;
+  __shared__ float part[kThreads / 32];  // one absmax per warp, for blocks that span warps
+  build_tables<F>(tables);
+
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int64_t ntiles = (n + TILE - 1) / TILE;
-  for (int64_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+  const int64_t full = VEC ? n / TILE : 0;  // tiles with every element below n
+  // Vector index of row r of this thread within a tile.
+  auto offset = [&](int r) { return static_cast<int64_t>(warp * 32 * R + r * 32 + lane) * V; };
+  uint4 raw[R];
+  int64_t tile = blockIdx.x;
+  if (tile < full) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) raw[r] = __ldcs(reinterpret_cast<const uint4*>(x + tile * TILE + offset(r)));
+  }
+  for (; tile < ntiles; tile += gridDim.x) {
     const int64_t base = tile * TILE;
-    float v[R][V], m[R];
+    float v[R][V];
+    if (tile < full) {
 #pragma unroll
-    for (int r = 0; r < R; ++r) load_vec<T, VEC>(x, base + static_cast<int64_t>(warp * 32 * R + r * 32 + lane) * V, n, v[r]);
+      for (int r = 0; r < R; ++r) unpack_vec<T>(raw[r], v[r]);
+      const int64_t next = tile + gridDim.x;
+      if (next < full) {
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      m[r] = 0.0f;
-#pragma unroll
-      for (int j = 0; j < V; ++j) m[r] = fmaxf(m[r], fabsf(v[r][j]));
-      for (int off = 1; off < width; off <<= 1) m[r] = fmaxf(m[r], __shfl_xor_sync(0xffffffffu, m[r], off));
-    }
-    if (rows_per_block > 1) {  // a block spans rows of this warp
-      float g[R];
-#pragma unroll
-      for (int r = 0; r < R; ++r) {
-        g[r] = m[r];
-#pragma unroll
-        for (int k = 0; k < R; ++k)
-          if ((k ^ r) < rows_per_block) g[r] = fmaxf(g[r], m[k]);  // same aligned group of rows
+        for (int r = 0; r < R; ++r) raw[r] = __ldcs(reinterpret_cast<const uint4*>(x + next * TILE + offset(r)));
       }
+      encode_tile<F, T, TILE, DIRECT, true>(v, base, n, log2b, tables, part, codes, absmax);
+    } else {
 #pragma unroll
-      for (int r = 0; r < R; ++r) m[r] = g[r];
-    }
-    if (G > 32 * R) {  // a block spans warps (B >= 1024); uniform over the thread block
-      __syncthreads();  // the last tile's readers of part are done
-      if (lane == 0) part[warp] = m[0];
-      __syncthreads();
-      const int warps = G / (32 * R), first = warp & ~(warps - 1);
-      float a = 0.0f;
-      for (int i = 0; i < warps; ++i) a = fmaxf(a, part[first + i]);
-#pragma unroll
-      for (int r = 0; r < R; ++r) m[r] = a;
-    }
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int vi = warp * 32 * R + r * 32 + lane;
-      const int64_t e = base + static_cast<int64_t>(vi) * V;
-      if ((vi & (G - 1)) == 0 && e < n) absmax[e >> log2b] = m[r];
-      const float inv = m[r] > 0.0f ? fminf(__fdiv_rn(qmax(F), m[r]), FLT_MAX) : 0.0f;
-      uint32_t c[V];
-      if constexpr (F == VK_QUANT_INT8) {
-#pragma unroll
-        for (int j = 0; j < V; ++j) c[j] = enc_int8(v[r][j], inv);
-      } else if constexpr (F == VK_QUANT_FP8_E4M3 || F == VK_QUANT_FP8_E5M2) {
-#pragma unroll
-        for (int j = 0; j < V; j += 2) {
-          const uint32_t p = enc_fp8x2<F>(__fmul_rn(v[r][j], inv), __fmul_rn(v[r][j + 1], inv));
-          c[j] = p & 0xffu;
-          c[j + 1] = p >> 8;
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < V; ++j) {
-          if constexpr (SEARCH && is_4bit(F)) c[j] = enc_search<F>(tables.thr, __fmul_rn(v[r][j], inv));
-          else c[j] = enc_table(spec, tables.bucket, __fmul_rn(v[r][j], inv));
-        }
-      }
-      if constexpr (is_4bit(F)) {  // first element in the high nibble
-        uint32_t w = 0;
-#pragma unroll
-        for (int j = 0; j < V; j += 2) w |= ((c[j] << 4) | c[j + 1]) << (4 * j);
-        uint8_t* dst = codes + (e >> 1);
-        if (VEC && e + V <= n) {
-          if constexpr (V == 4) *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(w);
-          else *reinterpret_cast<uint32_t*>(dst) = w;
-        } else {
-          for (int j = 0; j < V / 2; ++j)
-            if (e + 2 * j < n) dst[j] = static_cast<uint8_t>(w >> (8 * j));
-        }
-      } else {
-        uint32_t w[2] = {0, 0};
-#pragma unroll
-        for (int j = 0; j < V; ++j) w[j >> 2] |= c[j] << (8 * (j & 3));
-        uint8_t* dst = codes + e;
-        if (VEC && e + V <= n) {
-          if constexpr (V == 4) *reinterpret_cast<uint32_t*>(dst) = w[0];
-          else *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
-        } else {
-          for (int j = 0; j < V; ++j)
-            if (e + j < n) dst[j] = static_cast<uint8_t>(w[j >> 2] >> (8 * (j & 3)));
-        }
-      }
+      for (int r = 0; r < R; ++r) load_vec<T, VEC>(x, base + offset(r), n, v[r]);
+      encode_tile<F, T, TILE, DIRECT, false>(v, base, n, log2b, tables, part, codes, absmax);
     }
   }
 }
@@ -250,63 +294,92 @@ __device__ __forceinline__ float dec_value(uint32_t c, const float* lut) {
   }
 }
 
+// What a thread loads for one tile of a decode: its code words and, per vector, the raw scale
+// (the absmax, or the 8-bit code and the group's two parameters of a double-quantized absmax).
+template <int R> struct decode_loads {
+  uint32_t cw[R][2];
+  float a[R], p0[R], p1[R];
+  uint32_t q[R];
+};
+
+template <int F, typename T, bool VEC, int TILE>
+__device__ __forceinline__ void decode_load(decode_loads<TILE / (kThreads * elem<T>::V)>& L, const uint8_t* __restrict__ codes,
+                                            const float* __restrict__ absmax, const uint8_t* __restrict__ q8,
+                                            const float* __restrict__ params, int64_t base, int64_t n, int log2b) {
+  constexpr int V = elem<T>::V, R = TILE / (kThreads * V);
+  constexpr int CB = is_4bit(F) ? V / 2 : V;  // code bytes per vector
+  const int tid = threadIdx.x;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int64_t e = base + static_cast<int64_t>(r * kThreads + tid) * V;
+    L.cw[r][0] = L.cw[r][1] = 0;
+    L.a[r] = L.p0[r] = L.p1[r] = 0.0f;
+    L.q[r] = 0;
+    if (e >= n) continue;
+    const uint8_t* src = codes + (is_4bit(F) ? e >> 1 : e);
+    if (VEC && e + V <= n) {
+      if constexpr (CB == 2) L.cw[r][0] = __ldcs(reinterpret_cast<const unsigned short*>(src));
+      else if constexpr (CB == 4) L.cw[r][0] = __ldcs(reinterpret_cast<const unsigned int*>(src));
+      else {
+        const uint2 t = __ldcs(reinterpret_cast<const uint2*>(src));
+        L.cw[r][0] = t.x;
+        L.cw[r][1] = t.y;
+      }
+    } else {
+      for (int j = 0; j < CB; ++j)
+        if ((is_4bit(F) ? e + 2 * j : e + j) < n) L.cw[r][j >> 2] |= static_cast<uint32_t>(src[j]) << (8 * (j & 3));
+    }
+    const int64_t blk = e >> log2b;
+    if (absmax) {
+      L.a[r] = __ldg(absmax + blk);
+    } else {
+      L.q[r] = __ldg(q8 + blk);
+      L.p0[r] = __ldg(params + 2 * (blk >> 8));
+      L.p1[r] = __ldg(params + 2 * (blk >> 8) + 1);
+    }
+  }
+}
+
+// VEC: out is 16-byte aligned and codes 8-byte aligned. A thread block that loops over tiles
+// (persistent grid) has the next tile's loads in flight while it decodes the current one.
 template <int F, typename T, bool VEC, int TILE>
 __global__ void __launch_bounds__(kThreads) decode_kernel(const uint8_t* __restrict__ codes, const float* __restrict__ absmax,
                                                           const uint8_t* __restrict__ q8, const float* __restrict__ params,
                                                           int64_t n, int log2b, T* __restrict__ out) {
   constexpr int V = elem<T>::V, R = TILE / (kThreads * V);
-  constexpr int CB = is_4bit(F) ? V / 2 : V;  // code bytes per vector
   __shared__ float lut[F == VK_QUANT_INT8_DYNAMIC ? 256 : 16];
   if constexpr (is_table(F)) {
     for (int k = threadIdx.x; k < (F == VK_QUANT_INT8_DYNAMIC ? 256 : 16); k += blockDim.x) lut[k] = decode_value(F, k);
     __syncthreads();
   }
   const int tid = threadIdx.x;
+  const bool dq = absmax == nullptr;
   const int64_t ntiles = (n + TILE - 1) / TILE;
-  for (int64_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
+  int64_t tile = blockIdx.x;
+  decode_loads<R> next;
+  if (tile < ntiles) decode_load<F, T, VEC, TILE>(next, codes, absmax, q8, params, tile * TILE, n, log2b);
+  for (; tile < ntiles; tile += gridDim.x) {
     const int64_t base = tile * TILE;
-    uint32_t cw[R][2];
-    float s[R];
-#pragma unroll
-    for (int r = 0; r < R; ++r) {  // all loads of the tile first
-      const int64_t e = base + static_cast<int64_t>(r * kThreads + tid) * V;
-      cw[r][0] = cw[r][1] = 0;
-      s[r] = 0.0f;
-      if (e >= n) continue;
-      const uint8_t* src = codes + (is_4bit(F) ? e >> 1 : e);
-      if (VEC && e + V <= n) {
-        if constexpr (CB == 2) cw[r][0] = __ldcs(reinterpret_cast<const unsigned short*>(src));
-        else if constexpr (CB == 4) cw[r][0] = __ldcs(reinterpret_cast<const unsigned int*>(src));
-        else {
-          const uint2 t = __ldcs(reinterpret_cast<const uint2*>(src));
-          cw[r][0] = t.x;
-          cw[r][1] = t.y;
-        }
-      } else {
-        for (int j = 0; j < CB; ++j)
-          if ((is_4bit(F) ? e + 2 * j : e + j) < n) cw[r][j >> 2] |= static_cast<uint32_t>(src[j]) << (8 * (j & 3));
-      }
-      const int64_t blk = e >> log2b;
-      const float a = absmax ? __ldg(absmax + blk)
-                             : __fadd_rn(__ldg(params + 2 * (blk >> 8)),
-                                         __fmul_rn(static_cast<float>(__ldg(q8 + blk)), __ldg(params + 2 * (blk >> 8) + 1)));
-      s[r] = __fdiv_rn(a, qmax(F));
-    }
+    const decode_loads<R> L = next;
+    if (tile + gridDim.x < ntiles)
+      decode_load<F, T, VEC, TILE>(next, codes, absmax, q8, params, (tile + gridDim.x) * TILE, n, log2b);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const int64_t e = base + static_cast<int64_t>(r * kThreads + tid) * V;
       if (e >= n) continue;
+      const float a = dq ? __fadd_rn(L.p0[r], __fmul_rn(static_cast<float>(L.q[r]), L.p1[r])) : L.a[r];
+      const float s = __fdiv_rn(a, qmax(F));
       float o[V];
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         uint32_t c;
         if constexpr (is_4bit(F)) {
-          const uint32_t byte = (cw[r][(j >> 1) >> 2] >> (8 * ((j >> 1) & 3))) & 0xffu;
+          const uint32_t byte = (L.cw[r][(j >> 1) >> 2] >> (8 * ((j >> 1) & 3))) & 0xffu;
           c = (j & 1) ? byte & 0xfu : byte >> 4;
         } else {
-          c = (cw[r][j >> 2] >> (8 * (j & 3))) & 0xffu;
+          c = (L.cw[r][j >> 2] >> (8 * (j & 3))) & 0xffu;
         }
-        o[j] = __fmul_rn(dec_value<F>(c, lut), s[r]);
+        o[j] = __fmul_rn(dec_value<F>(c, lut), s);
       }
       if (VEC && e + V <= n) {
         uint32_t w[4];
@@ -421,7 +494,9 @@ int on_device(int device, Fn&& fn) {
 // one block per tile (the hardware's scheduler then balances the last wave).
 std::atomic<int> g_tile{kTile};
 std::atomic<int> g_grid_mode{0};
-std::atomic<int> g_search{0};  // 4-bit encoders: 0 bucket table, 1 binary search of the thresholds
+// Table of the 4-bit encoders: 0 the default (direct with a persistent grid, where each thread
+// block builds it once; buckets with a block per tile), 1 buckets, 2 direct.
+std::atomic<int> g_table{0};
 
 template <auto Kernel>
 unsigned grid_of(int64_t tiles, int device) {
@@ -430,9 +505,9 @@ unsigned grid_of(int64_t tiles, int device) {
   return grid_for<Kernel>(tiles, device);
 }
 
-template <int F, typename T, bool VEC, int TILE, bool SEARCH = false>
+template <int F, typename T, bool VEC, int TILE, bool DIRECT = false>
 int launch_encode(const T* x, int64_t n, int log2b, uint8_t* codes, float* absmax, int device, cudaStream_t st) {
-  constexpr auto kernel = encode_kernel<F, T, VEC, TILE, SEARCH>;
+  constexpr auto kernel = encode_kernel<F, T, VEC, TILE, DIRECT>;
   kernel<<<grid_of<kernel>((n + TILE - 1) / TILE, device), kThreads, 0, st>>>(x, n, log2b, codes, absmax);
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? VK_QUANT_OK : cuda_fail(e, "vk_quant_encode: kernel launch");
@@ -446,7 +521,8 @@ int encode_as(const void* x, int64_t n, int log2b, void* codes, float* absmax, i
   if (!vec) return launch_encode<F, T, false, kTile>(xp, n, log2b, cp, absmax, device, st);
   const bool wide = g_tile.load(std::memory_order_relaxed) == 2 * kTile;
   if constexpr (is_4bit(F)) {
-    if (g_search.load(std::memory_order_relaxed) == 1)
+    const int table = g_table.load(std::memory_order_relaxed);
+    if (table == 2 || (table == 0 && g_grid_mode.load(std::memory_order_relaxed) == 0))
       return wide ? launch_encode<F, T, true, 2 * kTile, true>(xp, n, log2b, cp, absmax, device, st)
                   : launch_encode<F, T, true, kTile, true>(xp, n, log2b, cp, absmax, device, st);
   }
@@ -549,19 +625,19 @@ extern "C" int vk_quant_compress_scales(const float* absmax, int64_t nblocks, ui
   });
 }
 
-extern "C" int vk_quant_set_launch(int tile, int grid_mode, int search) {
+extern "C" int vk_quant_set_launch(int tile, int grid_mode, int table) {
   if (tile != 0 && tile != kTile && tile != 2 * kTile)
     return fail(VK_QUANT_EINVAL, "vk_quant_set_launch: tile must be 0 (default), " + std::to_string(kTile) + " or " +
                                      std::to_string(2 * kTile) + " (got " + std::to_string(tile) + ")");
   if (grid_mode != 0 && grid_mode != 1)
     return fail(VK_QUANT_EINVAL, "vk_quant_set_launch: grid_mode must be 0 (persistent) or 1 (a block per tile), not " +
                                      std::to_string(grid_mode));
-  if (search != 0 && search != 1)
-    return fail(VK_QUANT_EINVAL, "vk_quant_set_launch: search must be 0 (bucket table) or 1 (binary search), not " +
-                                     std::to_string(search));
+  if (table < 0 || table > 2)
+    return fail(VK_QUANT_EINVAL, "vk_quant_set_launch: table must be 0 (default), 1 (buckets) or 2 (direct), not " +
+                                     std::to_string(table));
   g_tile.store(tile == 0 ? kTile : tile);
   g_grid_mode.store(grid_mode);
-  g_search.store(search);
+  g_table.store(table);
   return VK_QUANT_OK;
 }
 
@@ -577,7 +653,7 @@ extern "C" int vk_quant_pointer_device(const void* p) {
 }
 
 extern "C" int vk_quant_table(int format, int what, void* out, int cap) {
-  if (!is_table(format) || what < 0 || what > 2) return -1;
+  if (!is_table(format) || what < 0 || what > 3 || (what == 3 && !is_4bit(format))) return -1;
   const table_spec s = spec_of(format);
   float thr[256];
   for (int k = 0; k < s.slots; ++k) thr[k] = k < s.values - 1 ? threshold(format, k) : u2f(0x7f800000u);
@@ -589,6 +665,10 @@ extern "C" int vk_quant_table(int format, int what, void* out, int cap) {
   if (what == 1) {
     for (int k = 0; k < s.values - 1 && k < cap; ++k) static_cast<float*>(out)[k] = thr[k];
     return s.values - 1;
+  }
+  if (what == 3) {
+    for (int d = 0; d < kDirectEntries && d < cap; ++d) make_direct(format, s, thr, d, static_cast<uint32_t*>(out) + 2 * d);
+    return kDirectEntries;
   }
   bool all_ok = true;
   for (int b = 0; b < s.buckets() && b < cap; ++b) {

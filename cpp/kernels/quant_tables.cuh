@@ -159,4 +159,21 @@ VKQ_HD void make_bucket(int format, const table_spec& s, const float* thr, int b
   out[1] = code_of(format, lo) | (code_of(format, lo < last ? lo + 1 : last) << 8);
 }
 
+// The 4-bit formats also have a direct table: entry d (0..2047) serves every value whose top 11
+// bits (sign, exponent, two mantissa bits) are d, so the index is one shift. Its buckets are the
+// bucket table's (same mantissa bits) or parts of its first and last ones, so each still holds at
+// most one threshold. Infinities and NaNs (exponent 255) get what +-inf gets: the last code for
+// +inf and +NaN, the first for -inf and -NaN.
+constexpr int kDirectEntries = 2048;
+VKQ_HD void make_direct(int format, const table_spec& s, const float* thr, int d, uint32_t* out) {
+  const int sign = d >> 10;
+  uint32_t lo_bits = static_cast<uint32_t>(d & 1023) << 21, hi_bits = lo_bits + (1u << 21) - 1;
+  if (lo_bits >= 0x7f800000u) lo_bits = hi_bits = 0x7f800000u;
+  const float vmin = sign ? -u2f(hi_bits) : u2f(lo_bits);
+  const int lo = count_below(thr, s.slots, vmin);
+  const int last = s.values - 1;
+  out[0] = f2u(thr[lo]);
+  out[1] = code_of(format, lo) | (code_of(format, lo < last ? lo + 1 : last) << 8);
+}
+
 }  // namespace vramkit::quant

@@ -90,13 +90,13 @@ def test_gpu_equals_reference(fmt, dtype):
 
 
 @pytest.mark.parametrize("launch", [(8192, "persistent"), (4096, "tiles"), (8192, "tiles"),
-                                    (4096, "persistent", "compare"), (8192, "tiles", "compare")],
+                                    (4096, "persistent", "buckets"), (8192, "tiles", "direct")],
                          ids=lambda v: "-".join(map(str, v)) if isinstance(v, tuple) else v)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gpu_launch_shapes_give_the_same_bits(launch, dtype):
     """Every launch shape (vramkit.quant.set_launch) gives the reference's bits: tiles of 8192
-    elements, one thread block per tile, the 4-bit encoders' binary search, partial last tiles,
-    every block size, and values that are not finite."""
+    elements, one thread block per tile, the 4-bit encoders' bucket and direct tables, partial last
+    tiles, every block size, and values that are not finite (against the default shape's codes)."""
     try:
         vq.set_launch(*launch)
         for fmt in FORMATS:

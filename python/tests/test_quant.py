@@ -315,6 +315,42 @@ def test_kernel_library_tables_match():
         assert np.array_equal(b[:n, 0], t.view(np.uint32)) and np.array_equal(b[:n, 1], lo | (hi.astype(np.uint32) << 8))
 
 
+@pytest.mark.parametrize("fmt", ["nf4", "fp4"])
+def test_direct_table_lookup_equals_nearest_value(fmt):
+    """The 4-bit encoders' direct table (index: a value's bits >> 21, from the kernel library's
+    host side of the device code) gives the nearest value's code, as the reference does: at every
+    threshold and every 2^21-bit edge, a few float steps either side, at random, and for +-0,
+    +-inf and NaNs of both signs (+NaN and +inf the last value, -NaN and -inf the first)."""
+    if not vq.kernels_available():
+        pytest.skip("vramkit was built without its CUDA kernels (no nvcc)")
+    from vramkit.quant._arrays import library
+    d = np.zeros((2048, 2), np.uint32)
+    assert library().vk_quant_table(F.FORMATS[fmt], 3, d.ctypes.data, 2048) == 2048
+    assert library().vk_quant_table(F.FORMATS["int8_dynamic"], 3, d.ctypes.data, 2048) == -1
+    thr = F.thresholds(fmt)
+    edges = (np.arange(2048, dtype=np.uint64) << np.uint64(21)).astype(np.uint32).view(np.float32)
+    centre = np.concatenate([thr, -thr, edges, [0.0, -0.0, 1.0, -1.0, 6.0, -6.0]]).astype(np.float32)
+    bits = centre.view(np.uint32).astype(np.int64)[:, None] + np.arange(-8, 9, dtype=np.int64)
+    near = np.clip(bits, 0, 0xFFFFFFFF).astype(np.uint32).reshape(-1).view(np.float32)
+    rng = np.random.default_rng(5)
+    rand = np.concatenate([rng.uniform(-F.QMAX[fmt], F.QMAX[fmt], 200000),
+                           rng.standard_normal(100000) * 10.0 ** rng.integers(-30, 2, 100000)]).astype(np.float32)
+    special = np.array([np.inf, -np.inf], np.float32)
+    nans = np.array([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF800001], np.uint32).view(np.float32)
+    v = np.concatenate([near, rand, special, nans])
+    e = d[v.view(np.uint32) >> np.uint32(21)]
+    got = np.where(v > e[:, 0].view(np.float32), (e[:, 1] >> np.uint32(8)) & np.uint32(0xFF), e[:, 1] & np.uint32(0xFF))
+    idx = np.searchsorted(thr, v, side="left")
+    idx[np.isnan(v) & ~np.signbit(v)] = thr.size  # +NaN: the last value
+    idx[np.isnan(v) & np.signbit(v)] = 0          # -NaN: the first
+    want = F.code_of_index(fmt)[idx]
+    bad = np.flatnonzero(got != want)
+    assert bad.size == 0, f"{bad.size} differ, e.g. v={v[bad[:3]]} got {got[bad[:3]]} want {want[bad[:3]]}"
+    # and the reference's own encoder agrees on the finite values
+    fin = np.isfinite(v)
+    assert np.array_equal(got[fin], R.table_encode(v[fin], fmt))
+
+
 def test_kernel_library_refuses_bad_arguments():
     """The C interface checks its arguments before touching a device (runs without a GPU)."""
     if not vq.kernels_available():
@@ -343,12 +379,12 @@ def test_set_launch_checks_its_arguments():
         vq.set_launch(4096, "blocks")
     with pytest.raises(TypeError, match="tile must be an int"):
         vq.set_launch("8192")
-    with pytest.raises(ValueError, match="search must be 'buckets' or 'compare'"):
+    with pytest.raises(ValueError, match="table must be 'auto', 'buckets' or 'direct'"):
         vq.set_launch(4096, "tiles", "linear")
     assert library().vk_quant_set_launch(4096, 2, 0) == 1
     assert "grid_mode must be 0" in library().vk_quant_last_error().decode()
-    assert library().vk_quant_set_launch(4096, 0, 2) == 1
-    assert "search must be 0" in library().vk_quant_last_error().decode()
-    vq.set_launch(8192, "tiles", "compare")
+    assert library().vk_quant_set_launch(4096, 0, 3) == 1
+    assert "table must be 0" in library().vk_quant_last_error().decode()
+    vq.set_launch(8192, "tiles", "direct")
     vq.set_launch()
 

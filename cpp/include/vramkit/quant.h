@@ -53,16 +53,18 @@ int vk_quant_pointer_device(const void* p);
 /* How later launches are shaped, for the whole process (a tuning knob for benchmarks; results do
  * not depend on it): tile = elements a thread block takes at a time, 0 for the default (4096) or
  * 8192; grid_mode = 0: a persistent grid (the resident thread blocks loop over the tiles, the
- * default), 1: one thread block per tile; search = how the 4-bit encoders find a code, 0: a bucket
- * table (the default), 1: a binary search of the thresholds. Returns 0 or VK_QUANT_EINVAL. */
-int vk_quant_set_launch(int tile, int grid_mode, int search);
+ * default), 1: one thread block per tile; table = which table the 4-bit encoders read, 0: the
+ * default (direct with a persistent grid, buckets with a block per tile), 1: the bucket table,
+ * 2: the direct table (indexed by a value's top 11 bits). Returns 0 or VK_QUANT_EINVAL. */
+int vk_quant_set_launch(int tile, int grid_mode, int table);
 
 /* The message of this thread's last failed call ("" when none). */
 const char* vk_quant_last_error(void);
 
 /* The code tables as the host computes them with the device's arithmetic, for tests:
  * what = 0: the decoded value of each code (floats), 1: the sorted encode thresholds (floats),
- * 2: the bucket table (pairs of uint32: threshold bits, low code | high code << 8).
+ * 2: the bucket table (pairs of uint32: threshold bits, low code | high code << 8), 3: the
+ * direct table of a 4-bit format (2048 such pairs, entry = a value's bits >> 21).
  * Returns the number of entries (at most cap are written), or -1 for a format without a table. */
 int vk_quant_table(int format, int what, void* out, int cap);
 

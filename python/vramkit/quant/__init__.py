@@ -36,22 +36,23 @@ __all__ = ["quantize", "dequantize", "QuantizedBuffer", "FORMATS", "kernels_avai
 _ALIGN = 256  # each part of a buffer's storage starts on this boundary
 
 
-def set_launch(tile: int = 0, grid: str = "persistent", search: str = "buckets") -> None:
+def set_launch(tile: int = 0, grid: str = "persistent", table: str = "auto") -> None:
     """Shape of the kernels' later launches, for the whole process: a tuning knob for benchmarks
     (codes and values do not depend on it). ``tile``: elements a thread block takes at a time,
     0 for the default (4096) or 8192; ``grid``: ``"persistent"`` (the resident thread blocks loop
-    over the tiles, the default) or ``"tiles"`` (one thread block per tile); ``search``: how the
-    4-bit encoders (nf4, fp4) find a value's code, ``"buckets"`` (a table indexed by the value's
-    exponent and top mantissa bits, the default) or ``"compare"`` (a binary search of the 15
-    thresholds)."""
-    grids, searches = {"persistent": 0, "tiles": 1}, {"buckets": 0, "compare": 1}
+    over the tiles, the default) or ``"tiles"`` (one thread block per tile); ``table``: which
+    table the 4-bit encoders (nf4, fp4) read, ``"buckets"`` (44 entries, indexed by the value's
+    clamped exponent and top mantissa bits), ``"direct"`` (2048 entries, indexed by its top 11
+    bits: fewer instructions, a bigger table for each thread block to build) or ``"auto"`` (the
+    default: direct with a persistent grid, buckets with a block per tile)."""
+    grids, tables = {"persistent": 0, "tiles": 1}, {"auto": 0, "buckets": 1, "direct": 2}
     if isinstance(tile, bool) or not isinstance(tile, int):
         raise TypeError(f"set_launch: tile must be an int, not {type(tile).__name__}")
     if grid not in grids:
         raise ValueError(f"set_launch: grid must be 'persistent' or 'tiles', not {grid!r}")
-    if search not in searches:
-        raise ValueError(f"set_launch: search must be 'buckets' or 'compare', not {search!r}")
-    check(library().vk_quant_set_launch(tile, grids[grid], searches[search]))
+    if table not in tables:
+        raise ValueError(f"set_launch: table must be 'auto', 'buckets' or 'direct', not {table!r}")
+    check(library().vk_quant_set_launch(tile, grids[grid], tables[table]))
 
 
 def _align(n: int, a: int = _ALIGN) -> int:
