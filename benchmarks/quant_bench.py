@@ -227,7 +227,7 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--no-model", action="store_true")
     ap.add_argument("--launch", default="", help="also time the kernels under these launch shapes, comma-separated "
-                    "TILE:GRID[:TABLE] with TILE 4096 or 8192, GRID persistent or tiles, TABLE auto, buckets or direct "
+                    "TILE:GRID[:TABLE] with TILE 4096 or 8192, GRID auto, persistent or tiles, TABLE auto, buckets or direct "
                     "(vramkit.quant.set_launch)")
     args = ap.parse_args()
     launches = []
@@ -235,7 +235,7 @@ def main() -> int:
         parts = item.split(":")
         if len(parts) == 2:
             parts.append("auto")
-        if len(parts) != 3 or not parts[0].isdigit() or parts[1] not in ("persistent", "tiles") \
+        if len(parts) != 3 or not parts[0].isdigit() or parts[1] not in ("auto", "persistent", "tiles") \
                 or parts[2] not in ("auto", "buckets", "direct"):
             ap.error(f"--launch: {item!r} is not TILE:GRID[:TABLE] (e.g. 8192:tiles or 4096:persistent:buckets)")
         launches.append((int(parts[0]), parts[1], parts[2]))
@@ -301,7 +301,7 @@ def main() -> int:
     if launches:
         shapes = ["kernel"] + [f"kernel@{t}/{g}/{c}" for t, g, c in launches]
         by = {(r["kind"], r["op"], r["format"], r["dtype"], r["size_mib"]): r["pct_copy"] for r in res["rows"]}
-        print("\n% of copy bandwidth by launch shape (\"kernel\" is the default: 4096/persistent/auto):")
+        print("\n% of copy bandwidth by launch shape (\"kernel\" is the default: 4096/auto/auto):")
         print(f"{'op':7s} {'format':13s} {'dtype':9s} {'MiB':>5s} " + " ".join(f"{s:>30s}" for s in shapes))
         keys = sorted({k[1:] for k in by if k[0] == "kernel"}, key=lambda k: (k[3], k[2], k[1], k[0]))
         for k in keys:

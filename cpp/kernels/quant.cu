@@ -490,25 +490,37 @@ int on_device(int device, Fn&& fn) {
 }
 
 // Launch shape, process-wide (vk_quant_set_launch): the elements a thread block takes at a time,
-// and whether the grid is persistent (as many blocks as are resident, each looping over tiles) or
-// one block per tile (the hardware's scheduler then balances the last wave).
+// and whether the grid is persistent (as many blocks as are resident, each looping over tiles and
+// loading the next while it works on the current one) or one block per tile (the hardware's
+// scheduler then balances the last wave).
 std::atomic<int> g_tile{kTile};
-std::atomic<int> g_grid_mode{0};
+std::atomic<int> g_grid_mode{0};  // 0 auto (per kernel, below), 1 persistent, 2 a block per tile
 // Table of the 4-bit encoders: 0 the default (direct with a persistent grid, where each thread
 // block builds it once; buckets with a block per tile), 1 buckets, 2 direct.
 std::atomic<int> g_table{0};
 
+// The automatic grid, from the H200's figures (docs/BENCHMARKS.md section 9): a block per tile
+// for every decoder and for the fp32 encoders of the formats without a table; persistent for the
+// rest (16-bit inputs, where the next tile's loads in flight count most, and the table encoders,
+// whose thread blocks build their tables once).
+template <int F, typename T>
+bool tiles_grid(bool encode) {
+  const int mode = g_grid_mode.load(std::memory_order_relaxed);
+  if (mode != 0) return mode == 2;
+  return !encode || (sizeof(T) == 4 && !is_table(F));
+}
+
 template <auto Kernel>
-unsigned grid_of(int64_t tiles, int device) {
-  if (g_grid_mode.load(std::memory_order_relaxed) == 1)
-    return static_cast<unsigned>(tiles < INT32_MAX ? (tiles > 0 ? tiles : 1) : INT32_MAX);
+unsigned grid_of(int64_t tiles, int device, bool per_tile) {
+  if (per_tile) return static_cast<unsigned>(tiles < INT32_MAX ? (tiles > 0 ? tiles : 1) : INT32_MAX);
   return grid_for<Kernel>(tiles, device);
 }
 
 template <int F, typename T, bool VEC, int TILE, bool DIRECT = false>
 int launch_encode(const T* x, int64_t n, int log2b, uint8_t* codes, float* absmax, int device, cudaStream_t st) {
   constexpr auto kernel = encode_kernel<F, T, VEC, TILE, DIRECT>;
-  kernel<<<grid_of<kernel>((n + TILE - 1) / TILE, device), kThreads, 0, st>>>(x, n, log2b, codes, absmax);
+  kernel<<<grid_of<kernel>((n + TILE - 1) / TILE, device, tiles_grid<F, T>(true)), kThreads, 0, st>>>(x, n, log2b, codes,
+                                                                                                      absmax);
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? VK_QUANT_OK : cuda_fail(e, "vk_quant_encode: kernel launch");
 }
@@ -522,7 +534,7 @@ int encode_as(const void* x, int64_t n, int log2b, void* codes, float* absmax, i
   const bool wide = g_tile.load(std::memory_order_relaxed) == 2 * kTile;
   if constexpr (is_4bit(F)) {
     const int table = g_table.load(std::memory_order_relaxed);
-    if (table == 2 || (table == 0 && g_grid_mode.load(std::memory_order_relaxed) == 0))
+    if (table == 2 || (table == 0 && !tiles_grid<F, T>(true)))
       return wide ? launch_encode<F, T, true, 2 * kTile, true>(xp, n, log2b, cp, absmax, device, st)
                   : launch_encode<F, T, true, kTile, true>(xp, n, log2b, cp, absmax, device, st);
   }
@@ -534,7 +546,8 @@ template <int F, typename T, bool VEC, int TILE>
 int launch_decode(const uint8_t* codes, const float* absmax, const uint8_t* q8, const float* params, int64_t n,
                   int log2b, T* out, int device, cudaStream_t st) {
   constexpr auto kernel = decode_kernel<F, T, VEC, TILE>;
-  kernel<<<grid_of<kernel>((n + TILE - 1) / TILE, device), kThreads, 0, st>>>(codes, absmax, q8, params, n, log2b, out);
+  kernel<<<grid_of<kernel>((n + TILE - 1) / TILE, device, tiles_grid<F, T>(false)), kThreads, 0, st>>>(
+      codes, absmax, q8, params, n, log2b, out);
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? VK_QUANT_OK : cuda_fail(e, "vk_quant_decode: kernel launch");
 }
@@ -629,9 +642,10 @@ extern "C" int vk_quant_set_launch(int tile, int grid_mode, int table) {
   if (tile != 0 && tile != kTile && tile != 2 * kTile)
     return fail(VK_QUANT_EINVAL, "vk_quant_set_launch: tile must be 0 (default), " + std::to_string(kTile) + " or " +
                                      std::to_string(2 * kTile) + " (got " + std::to_string(tile) + ")");
-  if (grid_mode != 0 && grid_mode != 1)
-    return fail(VK_QUANT_EINVAL, "vk_quant_set_launch: grid_mode must be 0 (persistent) or 1 (a block per tile), not " +
-                                     std::to_string(grid_mode));
+  if (grid_mode < 0 || grid_mode > 2)
+    return fail(VK_QUANT_EINVAL,
+                "vk_quant_set_launch: grid_mode must be 0 (per kernel), 1 (persistent) or 2 (a block per tile), not " +
+                    std::to_string(grid_mode));
   if (table < 0 || table > 2)
     return fail(VK_QUANT_EINVAL, "vk_quant_set_launch: table must be 0 (default), 1 (buckets) or 2 (direct), not " +
                                      std::to_string(table));

@@ -65,27 +65,55 @@ VKQ_HD float u2f(uint32_t u) {
 
 // Positive half of the signed dynamic map, ascending: decade i (0..6) holds 2^i values, the
 // midpoints of 2^i equal steps over [0.1, 1] scaled by 10^(i-6).
+// (Switches, not arrays: a local array would live in local memory on the device, and every
+// thread block builds its tables with these.)
+VKQ_HD double decade_scale(int i) {
+  switch (i) {
+    case 0: return 1e-6;
+    case 1: return 1e-5;
+    case 2: return 1e-4;
+    case 3: return 1e-3;
+    case 4: return 1e-2;
+    case 5: return 1e-1;
+    default: return 1.0;
+  }
+}
+
 VKQ_HD float dynamic_positive(int p) {  // p = 0..126
   int i = 0;
   while ((2 << i) <= p + 1) ++i;  // i = floor(log2(p + 1))
   const int j = p + 1 - (1 << i);
-  const double scale[7] = {1e-6, 1e-5, 1e-4, 1e-3, 1e-2, 1e-1, 1.0};
-  const double v = (0.1 + 0.9 * static_cast<double>(2 * j + 1) / static_cast<double>(2 << i)) * scale[i];
+  const double v = (0.1 + 0.9 * static_cast<double>(2 * j + 1) / static_cast<double>(2 << i)) * decade_scale(i);
   return static_cast<float>(v);
 }
 
 VKQ_HD float nf4_value(int k) {
   // NormalFloat4 (QLoRA, as bitsandbytes lists it): normal quantiles scaled to [-1, 1].
-  const double nf4[16] = {-1.0, -0.6961928009986877, -0.5250730514526367, -0.39491748809814453,
-                          -0.28444138169288635, -0.18477343022823334, -0.09105003625154495, 0.0,
-                          0.07958029955625534, 0.16093020141124725, 0.24611230194568634, 0.33791524171829224,
-                          0.44070982933044434, 0.5626170039176941, 0.7229568362236023, 1.0};
-  return static_cast<float>(nf4[k]);
+  double v;
+  switch (k) {
+    case 0: v = -1.0; break;
+    case 1: v = -0.6961928009986877; break;
+    case 2: v = -0.5250730514526367; break;
+    case 3: v = -0.39491748809814453; break;
+    case 4: v = -0.28444138169288635; break;
+    case 5: v = -0.18477343022823334; break;
+    case 6: v = -0.09105003625154495; break;
+    case 7: v = 0.0; break;
+    case 8: v = 0.07958029955625534; break;
+    case 9: v = 0.16093020141124725; break;
+    case 10: v = 0.24611230194568634; break;
+    case 11: v = 0.33791524171829224; break;
+    case 12: v = 0.44070982933044434; break;
+    case 13: v = 0.5626170039176941; break;
+    case 14: v = 0.7229568362236023; break;
+    default: v = 1.0; break;
+  }
+  return static_cast<float>(v);
 }
 
 VKQ_HD float e2m1_magnitude(int c) {  // E2M1: 0, 0.5, 1, 1.5, 2, 3, 4, 6
-  const float m[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-  return m[c & 7];
+  c &= 7;
+  return c < 4 ? 0.5f * static_cast<float>(c) : c == 4 ? 2.0f : c == 5 ? 3.0f : c == 6 ? 4.0f : 6.0f;
 }
 
 // The k-th smallest value of the format's table.

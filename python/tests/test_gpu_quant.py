@@ -89,7 +89,7 @@ def test_gpu_equals_reference(fmt, dtype):
         check_against_reference(x, q, fmt, block, dtype, f"{fmt} {dtype} n={n} block={block}")
 
 
-@pytest.mark.parametrize("launch", [(8192, "persistent"), (4096, "tiles"), (8192, "tiles"),
+@pytest.mark.parametrize("launch", [(4096, "persistent"), (8192, "persistent"), (4096, "tiles"), (8192, "tiles"),
                                     (4096, "persistent", "buckets"), (8192, "tiles", "direct")],
                          ids=lambda v: "-".join(map(str, v)) if isinstance(v, tuple) else v)
 @pytest.mark.parametrize("dtype", DTYPES)

@@ -52,8 +52,8 @@ int vk_quant_pointer_device(const void* p);
 
 /* How later launches are shaped, for the whole process (a tuning knob for benchmarks; results do
  * not depend on it): tile = elements a thread block takes at a time, 0 for the default (4096) or
- * 8192; grid_mode = 0: a persistent grid (the resident thread blocks loop over the tiles, the
- * default), 1: one thread block per tile; table = which table the 4-bit encoders read, 0: the
+ * 8192; grid_mode = 0: chosen per kernel (the default), 1: a persistent grid (the resident
+ * thread blocks loop over the tiles), 2: one thread block per tile; table = which table the 4-bit encoders read, 0: the
  * default (direct with a persistent grid, buckets with a block per tile), 1: the bucket table,
  * 2: the direct table (indexed by a value's top 11 bits). Returns 0 or VK_QUANT_EINVAL. */
 int vk_quant_set_launch(int tile, int grid_mode, int table);
