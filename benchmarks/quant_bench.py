@@ -227,7 +227,7 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--no-model", action="store_true")
     ap.add_argument("--launch", default="", help="also time the kernels under these launch shapes, comma-separated "
-                    "TILE:GRID[:TABLE] with TILE 4096 or 8192, GRID auto, persistent, tiles or staged, TABLE auto, buckets or direct "
+                    "TILE:GRID[:TABLE] with TILE 4096 or 8192, GRID auto, persistent or tiles, TABLE auto, buckets or direct "
                     "(vramkit.quant.set_launch)")
     args = ap.parse_args()
     launches = []
@@ -235,7 +235,7 @@ def main() -> int:
         parts = item.split(":")
         if len(parts) == 2:
             parts.append("auto")
-        if len(parts) != 3 or not parts[0].isdigit() or parts[1] not in ("auto", "persistent", "tiles", "staged") \
+        if len(parts) != 3 or not parts[0].isdigit() or parts[1] not in ("auto", "persistent", "tiles") \
                 or parts[2] not in ("auto", "buckets", "direct"):
             ap.error(f"--launch: {item!r} is not TILE:GRID[:TABLE] (e.g. 8192:tiles or 4096:persistent:buckets)")
         launches.append((int(parts[0]), parts[1], parts[2]))

@@ -280,71 +280,6 @@ __global__ void __launch_bounds__(kThreads) encode_kernel(const T* __restrict__ 
   }
 }
 
-// The same encoder with the input staged through shared memory by asynchronous copies
-// (cp.async, 16 bytes a thread): each thread block keeps STAGES - 1 tiles in flight without
-// holding them in registers. A thread reads back only the vectors it copied itself, so waiting
-// for its own copies is enough (no barrier). Whole tiles only; the last partial tile is read
-// directly. Launched with STAGES * TILE * sizeof(T) bytes of dynamic shared memory.
-constexpr int kStages = 4;
-
-__device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
-  const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(gmem) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-
-template <int F, typename T, int TILE, bool DIRECT>
-__global__ void __launch_bounds__(kThreads) encode_staged_kernel(const T* __restrict__ x, int64_t n, int log2b,
-                                                                 uint8_t* __restrict__ codes, float* __restrict__ absmax) {
-  static_assert(!DIRECT || is_4bit(F), "direct tables are for the 4-bit formats");
-  constexpr int V = elem<T>::V, R = TILE / (kThreads * V), VECS = TILE / V;  // 16-byte vectors per tile
-  extern __shared__ uint4 stage[];  // kStages x VECS
-  __shared__ shared_tables<F, DIRECT> tables;
-  __shared__ float part[kThreads / 32];
-  build_tables<F, DIRECT>(tables);
-
-  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  const int64_t ntiles = (n + TILE - 1) / TILE, full = n / TILE;
-  auto vec = [&](int r) { return warp * 32 * R + r * 32 + lane; };  // this thread's vectors in a tile
-  int64_t ahead = blockIdx.x;  // next tile to copy
-#pragma unroll
-  for (int k = 0; k < kStages - 1; ++k) {
-    if (ahead < full) {
-#pragma unroll
-      for (int r = 0; r < R; ++r) cp_async16(stage + k * VECS + vec(r), x + ahead * TILE + static_cast<int64_t>(vec(r)) * V);
-    }
-    cp_async_commit();  // one group per tile, empty ones included, so the count below holds
-    ahead += gridDim.x;
-  }
-  int s = 0;
-  for (int64_t tile = blockIdx.x; tile < ntiles; tile += gridDim.x) {
-    const int refill = s == 0 ? kStages - 1 : s - 1;  // the stage this thread read last time
-    if (ahead < full) {
-#pragma unroll
-      for (int r = 0; r < R; ++r)
-        cp_async16(stage + refill * VECS + vec(r), x + ahead * TILE + static_cast<int64_t>(vec(r)) * V);
-    }
-    cp_async_commit();
-    ahead += gridDim.x;
-    const int64_t base = tile * TILE;
-    float v[R][V];
-    if (tile < full) {
-      cp_async_wait<kStages - 1>();  // this tile's group is done
-#pragma unroll
-      for (int r = 0; r < R; ++r) unpack_vec<T>(stage[s * VECS + vec(r)], v[r]);
-      encode_tile<F, T, TILE, DIRECT, true>(v, base, n, log2b, tables, part, codes, absmax);
-    } else {
-#pragma unroll
-      for (int r = 0; r < R; ++r) load_vec<T, true>(x, base + static_cast<int64_t>(vec(r)) * V, n, v[r]);
-      encode_tile<F, T, TILE, DIRECT, false>(v, base, n, log2b, tables, part, codes, absmax);
-    }
-    s = s == kStages - 1 ? 0 : s + 1;
-  }
-  cp_async_wait<0>();
-}
-
 template <int F>
 __device__ __forceinline__ float dec_value(uint32_t c, const float* lut) {
   if constexpr (F == VK_QUANT_INT8) return static_cast<float>(static_cast<int8_t>(static_cast<uint8_t>(c)));
@@ -559,21 +494,21 @@ int on_device(int device, Fn&& fn) {
 // loading the next while it works on the current one) or one block per tile (the hardware's
 // scheduler then balances the last wave).
 std::atomic<int> g_tile{kTile};
-std::atomic<int> g_grid_mode{0};  // 0 auto (per kernel, below), 1 persistent, 2 a block per tile,
-                                  // 3 persistent with the input staged in shared memory (encoders)
+std::atomic<int> g_grid_mode{0};  // 0 auto (per kernel, below), 1 persistent, 2 a block per tile
 // Table of the 4-bit encoders: 0 the default (direct with a persistent grid, where each thread
 // block builds it once; buckets with a block per tile), 1 buckets, 2 direct.
 std::atomic<int> g_table{0};
 
 // The automatic grid, from the H200's figures (docs/BENCHMARKS.md section 9): a block per tile
-// for every decoder and for the fp32 encoders of the formats without a table; persistent for the
-// rest (16-bit inputs, where the next tile's loads in flight count most, and the table encoders,
-// whose thread blocks build their tables once).
+// for the decoders and the fp32 encoders of the formats without a table; persistent for the rest:
+// 16-bit inputs, where the next tile's loads in flight count most, and the table formats, whose
+// thread blocks build their tables once (a block per tile: NF4 decode 65 % of copy bandwidth
+// against 83 % persistent).
 template <int F, typename T>
 bool tiles_grid(bool encode) {
   const int mode = g_grid_mode.load(std::memory_order_relaxed);
-  if (mode != 0) return mode == 2;  // 3: persistent
-  return !encode || (sizeof(T) == 4 && !is_table(F));
+  if (mode != 0) return mode == 2;
+  return !is_table(F) && (!encode || sizeof(T) == 4);
 }
 
 template <auto Kernel>
@@ -591,27 +526,6 @@ int launch_encode(const T* x, int64_t n, int log2b, uint8_t* codes, float* absma
   return e == cudaSuccess ? VK_QUANT_OK : cuda_fail(e, "vk_quant_encode: kernel launch");
 }
 
-// The staged encoder (grid mode 3): a persistent grid sized with its dynamic shared memory.
-template <int F, typename T, int TILE, bool DIRECT>
-int launch_encode_staged(const T* x, int64_t n, int log2b, uint8_t* codes, float* absmax, int device, cudaStream_t st) {
-  constexpr auto kernel = encode_staged_kernel<F, T, TILE, DIRECT>;
-  constexpr int smem = kStages * TILE * static_cast<int>(sizeof(T));
-  static std::atomic<bool> ready[64];
-  if (device < 0 || device >= 64 || !ready[device].load(std::memory_order_acquire)) {
-    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    if (e != cudaSuccess) return cuda_fail(e, "vk_quant_encode: cudaFuncSetAttribute");
-    if (device >= 0 && device < 64) ready[device].store(true, std::memory_order_release);
-  }
-  static const int per_sm = [] {
-    int b = 0;
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, kernel, kThreads, smem) == cudaSuccess && b > 0 ? b : 2;
-  }();
-  const int64_t tiles = (n + TILE - 1) / TILE, g = static_cast<int64_t>(sm_count(device)) * per_sm;
-  kernel<<<static_cast<unsigned>(tiles < g ? (tiles > 0 ? tiles : 1) : g), kThreads, smem, st>>>(x, n, log2b, codes, absmax);
-  const cudaError_t e = cudaGetLastError();
-  return e == cudaSuccess ? VK_QUANT_OK : cuda_fail(e, "vk_quant_encode: kernel launch");
-}
-
 template <int F, typename T>
 int encode_as(const void* x, int64_t n, int log2b, void* codes, float* absmax, int device, cudaStream_t st) {
   const bool vec = aligned(x, 16) && aligned(codes, 8);
@@ -619,15 +533,6 @@ int encode_as(const void* x, int64_t n, int log2b, void* codes, float* absmax, i
   auto* cp = static_cast<uint8_t*>(codes);
   if (!vec) return launch_encode<F, T, false, kTile>(xp, n, log2b, cp, absmax, device, st);
   const bool wide = g_tile.load(std::memory_order_relaxed) == 2 * kTile;
-  if (g_grid_mode.load(std::memory_order_relaxed) == 3) {
-    if constexpr (is_4bit(F)) {
-      if (g_table.load(std::memory_order_relaxed) != 1)
-        return wide ? launch_encode_staged<F, T, 2 * kTile, true>(xp, n, log2b, cp, absmax, device, st)
-                    : launch_encode_staged<F, T, kTile, true>(xp, n, log2b, cp, absmax, device, st);
-    }
-    return wide ? launch_encode_staged<F, T, 2 * kTile, false>(xp, n, log2b, cp, absmax, device, st)
-                : launch_encode_staged<F, T, kTile, false>(xp, n, log2b, cp, absmax, device, st);
-  }
   if constexpr (is_4bit(F)) {
     const int table = g_table.load(std::memory_order_relaxed);
     if (table == 2 || (table == 0 && !tiles_grid<F, T>(true)))
@@ -738,10 +643,9 @@ extern "C" int vk_quant_set_launch(int tile, int grid_mode, int table) {
   if (tile != 0 && tile != kTile && tile != 2 * kTile)
     return fail(VK_QUANT_EINVAL, "vk_quant_set_launch: tile must be 0 (default), " + std::to_string(kTile) + " or " +
                                      std::to_string(2 * kTile) + " (got " + std::to_string(tile) + ")");
-  if (grid_mode < 0 || grid_mode > 3)
+  if (grid_mode < 0 || grid_mode > 2)
     return fail(VK_QUANT_EINVAL,
-                "vk_quant_set_launch: grid_mode must be 0 (per kernel), 1 (persistent), 2 (a block per tile) or 3 "
-                "(persistent, input staged in shared memory), not " +
+                "vk_quant_set_launch: grid_mode must be 0 (per kernel), 1 (persistent) or 2 (a block per tile), not " +
                     std::to_string(grid_mode));
   if (table < 0 || table > 2)
     return fail(VK_QUANT_EINVAL, "vk_quant_set_launch: table must be 0 (default), 1 (buckets) or 2 (direct), not " +

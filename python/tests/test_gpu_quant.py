@@ -90,8 +90,7 @@ def test_gpu_equals_reference(fmt, dtype):
 
 
 @pytest.mark.parametrize("launch", [(4096, "persistent"), (8192, "persistent"), (4096, "tiles"), (8192, "tiles"),
-                                    (4096, "persistent", "buckets"), (8192, "tiles", "direct"), (4096, "staged"),
-                                    (8192, "staged", "buckets")],
+                                    (4096, "persistent", "buckets"), (8192, "tiles", "direct")],
                          ids=lambda v: "-".join(map(str, v)) if isinstance(v, tuple) else v)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gpu_launch_shapes_give_the_same_bits(launch, dtype):

@@ -375,13 +375,13 @@ def test_set_launch_checks_its_arguments():
     from vramkit.quant._arrays import library
     with pytest.raises(ValueError, match="tile must be 0 \\(default\\), 4096 or 8192 \\(got 1000\\)"):
         vq.set_launch(1000)
-    with pytest.raises(ValueError, match="grid must be 'auto', 'persistent', 'tiles' or 'staged'"):
+    with pytest.raises(ValueError, match="grid must be 'auto', 'persistent' or 'tiles'"):
         vq.set_launch(4096, "blocks")
     with pytest.raises(TypeError, match="tile must be an int"):
         vq.set_launch("8192")
     with pytest.raises(ValueError, match="table must be 'auto', 'buckets' or 'direct'"):
         vq.set_launch(4096, "tiles", "linear")
-    assert library().vk_quant_set_launch(4096, 4, 0) == 1
+    assert library().vk_quant_set_launch(4096, 3, 0) == 1
     assert "grid_mode must be 0" in library().vk_quant_last_error().decode()
     assert library().vk_quant_set_launch(4096, 0, 3) == 1
     assert "table must be 0" in library().vk_quant_last_error().decode()

@@ -41,19 +41,17 @@ def set_launch(tile: int = 0, grid: str = "auto", table: str = "auto") -> None:
     (codes and values do not depend on it). ``tile``: elements a thread block takes at a time,
     0 for the default (4096) or 8192; ``grid``: ``"persistent"`` (the resident thread blocks loop
     over the tiles, loading the next while they work on the current one), ``"tiles"`` (one thread
-    block per tile), ``"staged"`` (encoders: persistent, the input copied into shared memory
-    asynchronously, several tiles ahead; decoders as persistent) or ``"auto"`` (the default: per
-    kernel, from the H200's figures: a block per tile for the decoders and the fp32 int8/fp8
-    encoders, persistent for the others); ``table``: which
+    block per tile) or ``"auto"`` (the default: per kernel, from the H200's figures: a block per
+    tile for the int8/fp8 decoders and fp32 encoders, persistent for the others); ``table``: which
     table the 4-bit encoders (nf4, fp4) read, ``"buckets"`` (44 entries, indexed by the value's
     clamped exponent and top mantissa bits), ``"direct"`` (2048 entries, indexed by its top 11
     bits: fewer instructions, a bigger table for each thread block to build) or ``"auto"`` (the
     default: direct with a persistent grid, buckets with a block per tile)."""
-    grids, tables = {"auto": 0, "persistent": 1, "tiles": 2, "staged": 3}, {"auto": 0, "buckets": 1, "direct": 2}
+    grids, tables = {"auto": 0, "persistent": 1, "tiles": 2}, {"auto": 0, "buckets": 1, "direct": 2}
     if isinstance(tile, bool) or not isinstance(tile, int):
         raise TypeError(f"set_launch: tile must be an int, not {type(tile).__name__}")
     if grid not in grids:
-        raise ValueError(f"set_launch: grid must be 'auto', 'persistent', 'tiles' or 'staged', not {grid!r}")
+        raise ValueError(f"set_launch: grid must be 'auto', 'persistent' or 'tiles', not {grid!r}")
     if table not in tables:
         raise ValueError(f"set_launch: table must be 'auto', 'buckets' or 'direct', not {table!r}")
     check(library().vk_quant_set_launch(tile, grids[grid], tables[table]))
