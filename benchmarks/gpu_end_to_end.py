@@ -142,6 +142,10 @@ def run_child(rep: int, w: str, alloc: str, a, launcher: Launcher, sampler, floo
             snap, "1" if check_expandable else "0"]
     env = child_env(alloc, a.determinism != "off")
     rec: dict = {"workload": w, "allocator": alloc, "repeat": rep}
+    try:  # the host's load when the run starts: another cause of slow runs
+        rec["loadavg_1m"] = os.getloadavg()[0]
+    except OSError:
+        pass
     holder: dict = {}
     rc, out, err = None, "", ""
     try:

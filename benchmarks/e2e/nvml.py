@@ -6,11 +6,14 @@ device "used" figure is read every ``interval`` seconds (about 20 us a read); th
 the figure just before the child started is the memory the child's process took from the device
 (its CUDA context included, the same for every allocator). Every ``proc_every``-th sample also
 reads the per-process figure for the child's pid (``nvmlDeviceGetComputeRunningProcesses``),
-when NVML reports pids this process can match.
+when NVML reports pids this process can match, and the SM clock: runs of one workload differ in
+time far more than allocators do (docs/BENCHMARKS.md section 5), and the clock tells whether the
+GPU or the host was slow.
 """
 from __future__ import annotations
 
 import os
+import statistics
 import threading
 import time
 
@@ -40,6 +43,12 @@ class NvmlSampler:
     def used(self) -> int:
         return int(self._nvml.nvmlDeviceGetMemoryInfo(self._h).used)
 
+    def sm_clock(self) -> int | None:
+        try:
+            return int(self._nvml.nvmlDeviceGetClockInfo(self._h, self._nvml.NVML_CLOCK_SM))
+        except self._nvml.NVMLError:
+            return None
+
     def _proc_used(self, pid: int) -> int | None:
         try:
             procs = self._nvml.nvmlDeviceGetComputeRunningProcesses(self._h)
@@ -67,6 +76,7 @@ class NvmlSampler:
         self.peak = self.baseline
         self.proc_peak = None
         self.samples = 0
+        self.clocks = []
         self._pid_getter = pid_getter
         self._thread = threading.Thread(target=self._run, name="nvml-sampler", daemon=True)
         self._thread.start()
@@ -79,6 +89,9 @@ class NvmlSampler:
                 self.peak = u
             n += 1
             if n % self.proc_every == 0:
+                c = self.sm_clock()
+                if c is not None:
+                    self.clocks.append(c)
                 pid = self._pid_getter()
                 if pid:
                     pu = self._proc_used(pid)
@@ -95,9 +108,13 @@ class NvmlSampler:
         if self._thread is not None:
             self._thread.join(timeout=2)
             self._thread = None
-        return {"nvml_baseline": self.baseline, "nvml_peak_used": self.peak,
-                "nvml_peak": self.peak - self.baseline, "nvml_proc_peak": self.proc_peak,
-                "nvml_samples": self.samples}
+        out = {"nvml_baseline": self.baseline, "nvml_peak_used": self.peak,
+               "nvml_peak": self.peak - self.baseline, "nvml_proc_peak": self.proc_peak,
+               "nvml_samples": self.samples}
+        if self.clocks:
+            out["sm_clock_mhz"] = {"min": min(self.clocks), "median": statistics.median(self.clocks),
+                                   "max": max(self.clocks), "samples": len(self.clocks)}
+        return out
 
     def close(self) -> None:
         try:

@@ -11,6 +11,9 @@ import statistics
 MiB = 1 << 20
 BASELINES = ("default", "expandable")  # PyTorch's allocator without and with expandable segments
 MEASURES = ("cold_ms", "warm_ms", "peak_allocated", "peak_reserved", "nvml_peak")
+# Per-step figures over the repeats (see step_minimum): noise only adds time, so each step's
+# fastest repeat is the best estimate of what the allocator costs in it.
+STEP_MEASURES = ("warm_min_ms", "warm_total_min_ms")
 
 
 def ok(run: dict) -> bool:
@@ -29,6 +32,20 @@ def _spread(xs: list) -> float | None:
         return None
     m = statistics.median(xs)
     return 100.0 * (max(xs) - min(xs)) / m if m else None
+
+
+def step_minimum(good: list[dict]) -> tuple[float | None, float | None]:
+    """Over the repeats of one (workload, allocator): each step's fastest time (the steps of a
+    workload have the same shapes in every run), then the median and the sum of those minima
+    over the warm steps. The sum counts the steps where an allocator pays for growth, which the
+    median of a run's steps leaves out."""
+    series = [r["step_ms"] for r in good if isinstance(r.get("step_ms"), list) and r["step_ms"]]
+    if not series:
+        return None, None
+    n = min(len(t) for t in series)
+    warmup = min(max(int(good[0].get("warmup", 0) or 0), 0), n - 1)
+    mins = [min(t[i] for t in series) for i in range(warmup, n)]
+    return statistics.median(mins), sum(mins)
 
 
 def summarize(runs: list[dict], workloads: list[str], allocators: list[str]) -> list[dict]:
@@ -52,10 +69,11 @@ def summarize(runs: list[dict], workloads: list[str], allocators: list[str]) -> 
             row["spread_reserved_pct"] = _spread([r.get("peak_reserved") for r in good])
             row["spread_nvml_pct"] = _spread([r.get("nvml_peak") for r in good])
             row["spread_warm_pct"] = _spread([r.get("warm_ms") for r in good])
+            row["warm_min_ms"], row["warm_total_min_ms"] = step_minimum(good)
             group[a] = row
             rows.append(row)
         for row in group.values():
-            for m in MEASURES:
+            for m in MEASURES + STEP_MEASURES:
                 base = [group[b][m] for b in BASELINES if b in group and group[b][m]]
                 row[m + "_vs_best"] = row[m] / min(base) if base and row[m] is not None else None
     return rows
@@ -110,18 +128,20 @@ def _pct(x) -> str:
 
 def table(rows: list[dict]) -> str:
     head = ("| workload | allocator | runs | cold ms | warm ms | peak alloc MiB | peak reserved MiB | reserved/alloc "
-            "| NVML peak MiB | warm x | cold x | reserved x | NVML x | spread reserved % | spread NVML % |")
+            "| NVML peak MiB | warm x | cold x | reserved x | NVML x | spread reserved % | spread NVML % "
+            "| spread warm % | warm min x | warm total x |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         runs = f"{r['runs']}" + (f" ({r['failed']} failed)" if r["failed"] else "")
         if not r["runs"]:
             lines.append(f"| {r['workload']} | {r['allocator']} | {runs} | "
-                         + "; ".join(r["failures"])[:160].replace("|", "/") + " |" + " |" * 11)
+                         + "; ".join(r["failures"])[:160].replace("|", "/") + " |" + " |" * 14)
             continue
         lines.append(
             f"| {r['workload']} | {r['allocator']} | {runs} | {_ms(r['cold_ms'])} | {_ms(r['warm_ms'])} | "
             f"{_mib(r['peak_allocated'])} | {_mib(r['peak_reserved'])} | {_ratio(r['reserved_per_allocated'])} | "
             f"{_mib(r['nvml_peak'])} | {_ratio(r['warm_ms_vs_best'])} | {_ratio(r['cold_ms_vs_best'])} | "
             f"{_ratio(r['peak_reserved_vs_best'])} | {_ratio(r['nvml_peak_vs_best'])} | "
-            f"{_pct(r['spread_reserved_pct'])} | {_pct(r['spread_nvml_pct'])} |")
+            f"{_pct(r['spread_reserved_pct'])} | {_pct(r['spread_nvml_pct'])} | {_pct(r['spread_warm_pct'])} | "
+            f"{_ratio(r['warm_min_ms_vs_best'])} | {_ratio(r['warm_total_min_ms_vs_best'])} |")
     return "\n".join(lines)

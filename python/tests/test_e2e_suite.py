@@ -122,6 +122,28 @@ def test_summary_medians_ratios_and_spread():
     assert text.splitlines()[0].count("|") == text.splitlines()[-1].count("|")
 
 
+def test_step_minimum_takes_each_steps_fastest_repeat():
+    """The per-step statistics: each step's fastest repeat, then the median and the sum over the
+    warm steps; a slow repeat does not move them, a step that is slow in every repeat does."""
+    def run(a, steps, rep):
+        return {"workload": "s", "allocator": a, "repeat": rep, "warmup": 1, "step_ms": steps, "cold_ms": steps[0],
+                "warm_ms": sorted(steps[1:])[len(steps[1:]) // 2], "peak_allocated": 1, "peak_reserved": 1,
+                "nvml_peak": 1, "values": [], "digest": []}
+    runs = [run("default", [50, 10, 20, 10], 0), run("default", [60, 15, 30, 15], 1),      # repeat 1 slow
+            run("expandable", [55, 11, 21, 11], 0), run("expandable", [50, 11, 21, 11], 1),
+            run("vramkit", [80, 10, 40, 10], 0), run("vramkit", [90, 30, 40, 30], 1)]     # step 2 slow in both
+    rows = {r["allocator"]: r for r in report.summarize(runs, ["s"], ["default", "expandable", "vramkit"])}
+    d, v = rows["default"], rows["vramkit"]
+    assert d["warm_min_ms"] == 10 and d["warm_total_min_ms"] == 40
+    assert v["warm_min_ms"] == 10 and v["warm_total_min_ms"] == 60
+    assert v["warm_total_min_ms_vs_best"] == pytest.approx(60 / 40)
+    assert v["warm_min_ms_vs_best"] == pytest.approx(1.0)
+    assert d["spread_warm_pct"] == pytest.approx(100 * 5 / 12.5)
+    assert report.step_minimum([]) == (None, None)
+    line = report.table(report.summarize(runs, ["s"], ["default", "expandable", "vramkit"])).splitlines()[-1]
+    assert line.endswith("| 1.000 | 1.500 |"), line
+
+
 def test_checksum_verdicts():
     same = [_run("a", x, 1, 1, 1, rep=r) for x in ("default", "vramkit") for r in (0, 1)]
     assert report.compare_checksums(same, ["a"])["a"]["verdict"] == "equal"
