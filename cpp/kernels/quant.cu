@@ -140,8 +140,8 @@ __device__ __forceinline__ void unpack_vec(const uint4& raw, float* v) {
 
 // One tile held in registers (v: row r of lane l is vector w*32R + 32r + l of the tile): the
 // absmax of each quantization block, then the codes. FULL: every element of the tile is below n
-// (no bounds checks, vector stores).
-template <int F, typename T, int TILE, bool DIRECT, bool FULL>
+// (no bounds checks, vector stores); VEC: codes is 8-byte aligned (vector stores allowed).
+template <int F, typename T, bool VEC, int TILE, bool DIRECT, bool FULL>
 __device__ __forceinline__ void encode_tile(float (&v)[TILE / (kThreads * elem<T>::V)][elem<T>::V], int64_t base,
                                             int64_t n, int log2b, const shared_tables<F, DIRECT>& tables, float* part,
                                             uint8_t* __restrict__ codes, float* __restrict__ absmax) {
@@ -208,7 +208,7 @@ __device__ __forceinline__ void encode_tile(float (&v)[TILE / (kThreads * elem<T
         else c[j] = enc_table(spec, tables.bucket, __fmul_rn(v[r][j], inv));
       }
     }
-    const bool whole = FULL || e + V <= n;
+    const bool whole = VEC && (FULL || e + V <= n);  // !VEC: codes may be unaligned
     if constexpr (is_4bit(F)) {  // first element in the high nibble
       uint32_t w = 0;
 #pragma unroll
@@ -271,11 +271,11 @@ __global__ void __launch_bounds__(kThreads) encode_kernel(const T* __restrict__ 
 #pragma unroll
         for (int r = 0; r < R; ++r) raw[r] = __ldcs(reinterpret_cast<const uint4*>(x + next * TILE + offset(r)));
       }
-      encode_tile<F, T, TILE, DIRECT, true>(v, base, n, log2b, tables, part, codes, absmax);
+      encode_tile<F, T, VEC, TILE, DIRECT, true>(v, base, n, log2b, tables, part, codes, absmax);
     } else {
 #pragma unroll
       for (int r = 0; r < R; ++r) load_vec<T, VEC>(x, base + offset(r), n, v[r]);
-      encode_tile<F, T, TILE, DIRECT, false>(v, base, n, log2b, tables, part, codes, absmax);
+      encode_tile<F, T, VEC, TILE, DIRECT, false>(v, base, n, log2b, tables, part, codes, absmax);
     }
   }
 }
@@ -457,6 +457,10 @@ int sm_count(int device) {
   return sms;
 }
 
+// At most this many thread blocks in a persistent grid (0: no cap). Tests set it so that every
+// block loops over several tiles on buffers of a few MiB (vk_quant_set_max_blocks).
+std::atomic<int> g_max_blocks{0};
+
 // Persistent grid: as many thread blocks as fit on the device at once, at most one per tile.
 template <auto Kernel>
 unsigned grid_for(int64_t work_items, int device) {
@@ -464,7 +468,9 @@ unsigned grid_for(int64_t work_items, int device) {
     int b = 0;
     return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, Kernel, kThreads, 0) == cudaSuccess && b > 0 ? b : 4;
   }();
-  const int64_t g = static_cast<int64_t>(sm_count(device)) * per_sm;
+  int64_t g = static_cast<int64_t>(sm_count(device)) * per_sm;
+  const int cap = g_max_blocks.load(std::memory_order_relaxed);
+  if (cap > 0 && cap < g) g = cap;
   return static_cast<unsigned>(work_items < g ? (work_items > 0 ? work_items : 1) : g);
 }
 
@@ -653,6 +659,13 @@ extern "C" int vk_quant_set_launch(int tile, int grid_mode, int table) {
   g_tile.store(tile == 0 ? kTile : tile);
   g_grid_mode.store(grid_mode);
   g_table.store(table);
+  return VK_QUANT_OK;
+}
+
+extern "C" int vk_quant_set_max_blocks(int blocks) {
+  if (blocks < 0) return fail(VK_QUANT_EINVAL, "vk_quant_set_max_blocks: blocks must be 0 (no cap) or more, not " +
+                                                    std::to_string(blocks));
+  g_max_blocks.store(blocks);
   return VK_QUANT_OK;
 }
 

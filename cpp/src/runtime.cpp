@@ -128,6 +128,13 @@ void set_current_resource(std::shared_ptr<device_resource> r, int device) {
 
 std::uint64_t current_resource_generation() noexcept { return g_generation.load(std::memory_order_acquire); }
 
+std::shared_ptr<device_resource> current_resource_if_set(int device) {
+  check_device(device);
+  std::lock_guard<std::mutex> lk(g_mu);
+  auto it = g_current.find(device);
+  return it == g_current.end() ? nullptr : it->second;
+}
+
 statistics_adaptor* find_statistics(device_resource* r) {
   while (r) {
     if (auto* s = dynamic_cast<statistics_adaptor*>(r)) return s;

@@ -9,6 +9,7 @@
 #include "vramkit/mr/capture_router.hpp"
 #include "vramkit/mr/pool_resource.hpp"
 #include "vramkit/mr/statistics_adaptor.hpp"
+#include "vramkit/mr/tracking_adaptor.hpp"
 #include "vramkit/platform/host_page_device.hpp"
 
 using namespace vramkit;
@@ -269,21 +270,27 @@ TEST(capture_aware_events, markers_complete_when_no_capture_is_under_way) {
   ev.release(e);
 }
 
-TEST(capture_router, a_replaced_main_resource_serves_from_then_on_and_frees_what_the_old_one_gave) {
+TEST(capture_router, a_tracker_over_the_main_resource_serves_from_then_on_and_frees_what_either_gave) {
   fixture f;
+  EXPECT_EQ(f.router->base().get(), f.main.get());
   void* before = f.router->allocate(2 * MiB, 0);
-  // An adaptor over the same memory (what leak tracking puts over the pool).
-  auto over = std::make_shared<statistics_adaptor>(f.main);
-  f.router->set_main(over, 5);
+  // What leak tracking puts over the device's resource, and takes off again.
+  auto tracker = std::make_shared<tracking_adaptor>(f.main);
+  f.router->set_main(tracker, 5);
   EXPECT_EQ(f.router->main_generation(), 5u);
-  EXPECT_EQ(f.router->main().get(), over.get());
+  EXPECT_EQ(f.router->main().get(), tracker.get());
   void* during = f.router->allocate(3 * MiB, 0);
-  auto* s = dynamic_cast<statistics_adaptor*>(over.get());
-  EXPECT_EQ(s->stats().allocated_bytes.current, static_cast<std::int64_t>(3 * MiB));
-  EXPECT_EQ(f.router->deallocate(before, 2 * MiB, 0), free_status::ok);  // given by the old one
-  f.router->set_main(f.main, 6);  // taken off again
-  EXPECT_EQ(f.router->deallocate(during, 3 * MiB, 0), free_status::ok);
+  EXPECT_EQ(tracker->counts().live_count, 1u);
+  EXPECT_EQ(tracker->counts().live_bytes, 3 * MiB);
+  EXPECT_EQ(f.router->deallocate(before, 2 * MiB, 0), free_status::ok);  // given before the tracker
+  EXPECT_EQ(tracker->counts().untracked_frees, 1u);
+  f.router->set_main(f.router->base(), 4);  // an older generation (a slower thread): ignored
+  EXPECT_EQ(f.router->main().get(), tracker.get());
+  f.router->set_main(f.router->base(), 6);  // taken off
+  EXPECT_EQ(f.router->main().get(), f.main.get());
+  EXPECT_EQ(f.router->deallocate(during, 3 * MiB, 0), free_status::ok);  // straight to the pool
   EXPECT_EQ(f.main->state().live_bytes, 0u);
+  EXPECT_EQ(tracker->counts().live_count, 1u);  // the tracker is off: it no longer sees frees
   EXPECT_THROW(f.router->set_main(nullptr, 7), invalid_argument);
   EXPECT_EQ(f.router->main_generation(), 6u);
 }

@@ -90,13 +90,17 @@ def test_gpu_equals_reference(fmt, dtype):
 
 
 @pytest.mark.parametrize("launch", [(4096, "persistent"), (8192, "persistent"), (4096, "tiles"), (8192, "tiles"),
-                                    (4096, "persistent", "buckets"), (8192, "tiles", "direct")],
+                                    (4096, "persistent", "buckets"), (8192, "tiles", "direct"),
+                                    (4096, "persistent", "auto", 3), (8192, "persistent", "buckets", 5),
+                                    (4096, "auto", "auto", 2)],
                          ids=lambda v: "-".join(map(str, v)) if isinstance(v, tuple) else v)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_gpu_launch_shapes_give_the_same_bits(launch, dtype):
     """Every launch shape (vramkit.quant.set_launch) gives the reference's bits: tiles of 8192
-    elements, one thread block per tile, the 4-bit encoders' bucket and direct tables, partial last
-    tiles, every block size, and values that are not finite (against the default shape's codes)."""
+    elements, one thread block per tile, the 4-bit encoders' bucket and direct tables, persistent
+    grids of 2-5 blocks (each block loops over many tiles: the next tile's loads in flight), partial
+    last tiles, every block size, and values that are not finite (against a block per tile with
+    the bucket tables, or the default shape when that is the shape under test)."""
     try:
         vq.set_launch(*launch)
         for fmt in FORMATS:
@@ -111,7 +115,8 @@ def test_gpu_launch_shapes_give_the_same_bits(launch, dtype):
             x[5], x[4096 + 9], x[8192 + 1], x[8192 + 2] = float("inf"), float("nan"), -float("inf"), float("nan")
             q = vq.quantize(x, fmt, block=64)
             base_codes = host(q.codes, np.uint8)
-            vq.set_launch()
+            other = (4096, "tiles", "buckets")
+            vq.set_launch(*(() if tuple(launch) == other else other))
             ref = host(vq.quantize(x, fmt, block=64).codes, np.uint8)
             vq.set_launch(*launch)
             assert np.array_equal(base_codes, ref), f"{fmt} {dtype} {launch}: codes of non-finite values differ"
@@ -132,6 +137,31 @@ def test_gpu_unaligned_pointers(fmt):
         q.dequantize(out)
         assert torch.equal(out.view(torch.int16 if x.element_size() == 2 else torch.int32),
                            q.dequantize().view(torch.int16 if x.element_size() == 2 else torch.int32))
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_gpu_unaligned_code_buffers_through_the_c_interface(fmt):
+    """The C interface takes any codes pointer: one byte past an aligned one takes the scalar
+    path (no vector store to a misaligned address) and writes the same bytes."""
+    import ctypes
+    from vramkit.quant._arrays import library
+    lib = library()
+    f = F.FORMATS[fmt]
+    for dt, code in (("float32", 0), ("float16", 1), ("bfloat16", 2)):
+        n, block = 3 * 4096 + 64, 64
+        x = randn(n, dt, seed=31)
+        nbytes = n // 2 if fmt in ("nf4", "fp4") else n
+        aligned = torch.zeros(nbytes + 16, dtype=torch.uint8, device="cuda")
+        shifted = torch.zeros(nbytes + 16, dtype=torch.uint8, device="cuda")
+        amax = torch.zeros(n // block, dtype=torch.float32, device="cuda")
+        amax2 = torch.zeros_like(amax)
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        assert lib.vk_quant_encode(f, code, x.data_ptr(), n, block, aligned.data_ptr(), amax.data_ptr(), 0, stream) == 0
+        assert lib.vk_quant_encode(f, code, x.data_ptr(), n, block, shifted.data_ptr() + 1, amax2.data_ptr(), 0,
+                                   stream) == 0, lib.vk_quant_last_error()
+        torch.cuda.synchronize()
+        assert torch.equal(aligned[:nbytes], shifted[1:nbytes + 1]), f"{fmt} {dt}"
+        assert torch.equal(amax, amax2)
 
 
 @pytest.mark.parametrize("fmt", ["nf4", "fp4", "int8"])

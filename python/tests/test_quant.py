@@ -385,6 +385,11 @@ def test_set_launch_checks_its_arguments():
     assert "grid_mode must be 0" in library().vk_quant_last_error().decode()
     assert library().vk_quant_set_launch(4096, 0, 3) == 1
     assert "table must be 0" in library().vk_quant_last_error().decode()
+    with pytest.raises(ValueError, match="max_blocks must be an int >= 0"):
+        vq.set_launch(4096, "persistent", "auto", -1)
+    assert library().vk_quant_set_max_blocks(-3) == 1
+    assert "blocks must be 0 (no cap) or more" in library().vk_quant_last_error().decode()
     vq.set_launch(8192, "tiles", "direct")
+    vq.set_launch(4096, "persistent", "buckets", max_blocks=3)
     vq.set_launch()
 

@@ -118,3 +118,30 @@ def test_shim_allocations_reach_a_tracker_put_over_the_pool_later():
     after = lib.vramkit_torch_alloc(1 << 20, 0, None)
     lib.vramkit_torch_free(after, 1 << 20, 0, None)
     assert vramkit.memory_allocated() == base - (1 << 20)
+
+
+def test_shim_keeps_its_pool_when_another_resource_is_made_current():
+    """Only trackers over the shim's own pool are followed. Another pool made current while
+    PyTorch holds memory (or a guard adaptor, whose pointers are shifted) would strand that
+    memory: the shim keeps allocating from, and freeing to, the pool it started with."""
+    if vramkit.backend() != "host":
+        pytest.skip("the host case")
+    from vramkit import _vramkit
+    lib = _lib()
+    held = lib.vramkit_torch_alloc(2 << 20, 0, None)
+    own = _vramkit.current_resource(0)
+    other = vramkit.make_resource("pool", 0)
+    base = own.state()["live_bytes"]
+    _vramkit.set_current_resource(other, 0)
+    try:
+        p = lib.vramkit_torch_alloc(1 << 20, 0, None)
+        assert other.state()["live_bytes"] == 0                 # not the new current resource
+        assert own.state()["live_bytes"] == base + (1 << 20)    # still its own pool
+        lib.vramkit_torch_free(p, 1 << 20, 0, None)
+        lib.vramkit_torch_free(held, 2 << 20, 0, None)          # made before the switch: freed where it lives
+        assert own.state()["live_bytes"] == base - (2 << 20)
+    finally:
+        _vramkit.set_current_resource(own, 0)
+    q = lib.vramkit_torch_alloc(1 << 20, 0, None)               # and after switching back
+    assert own.state()["live_bytes"] == base - (1 << 20)
+    lib.vramkit_torch_free(q, 1 << 20, 0, None)

@@ -58,6 +58,10 @@ int vk_quant_pointer_device(const void* p);
  * 2: the direct table (indexed by a value's top 11 bits). Returns 0 or VK_QUANT_EINVAL. */
 int vk_quant_set_launch(int tile, int grid_mode, int table);
 
+/* At most `blocks` thread blocks in a persistent grid (0, the default: as many as are resident),
+ * for tests: a small cap makes every block loop over several tiles. 0 or VK_QUANT_EINVAL. */
+int vk_quant_set_max_blocks(int blocks);
+
 /* The message of this thread's last failed call ("" when none). */
 const char* vk_quant_last_error(void);
 

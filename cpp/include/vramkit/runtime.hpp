@@ -36,6 +36,8 @@ void set_current_resource(std::shared_ptr<device_resource> r, int device);
 // Bumped by every set_current_resource and reset_runtime: holders of a
 // device's current resource (the PyTorch shim) see with one load that it changed.
 std::uint64_t current_resource_generation() noexcept;
+// The device's current resource if one is set (or was made), else null; makes none.
+std::shared_ptr<device_resource> current_resource_if_set(int device);
 // The statistics adaptor / pool inside a resource chain (through tracking
 // adaptors), or null.
 statistics_adaptor* find_statistics(device_resource* r);

@@ -25,7 +25,8 @@ struct capture_router::private_pool {
 capture_router::capture_router(std::shared_ptr<device_resource> main, make_pool_fn make_pool,
                                stream_query stream_capturing, thread_query thread_capturing,
                                std::function<void()> synchronize)
-    : main_(std::move(main)),
+    : base_(main),
+      main_(std::move(main)),
       make_pool_(std::move(make_pool)),
       stream_capturing_(std::move(stream_capturing)),
       thread_capturing_(std::move(thread_capturing)),
@@ -51,9 +52,13 @@ capture_router::~capture_router() {
 
 void capture_router::set_main(std::shared_ptr<device_resource> m, std::uint64_t generation) {
   if (!m) throw invalid_argument("capture_router: no main resource");
-  std::lock_guard<std::mutex> lk(mu_);
-  main_.store(std::move(m), std::memory_order_release);
-  main_generation_.store(generation, std::memory_order_release);
+  std::shared_ptr<device_resource> old;  // released after the lock: its deleter may take the GIL
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    if (generation < main_generation_.load(std::memory_order_relaxed)) return;
+    old = main_.exchange(std::move(m), std::memory_order_acq_rel);
+    main_generation_.store(generation, std::memory_order_release);
+  }
 }
 
 capture_router::private_pool* capture_router::pool_for_(graph_pool_id id) {

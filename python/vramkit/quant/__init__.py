@@ -36,7 +36,7 @@ __all__ = ["quantize", "dequantize", "QuantizedBuffer", "FORMATS", "kernels_avai
 _ALIGN = 256  # each part of a buffer's storage starts on this boundary
 
 
-def set_launch(tile: int = 0, grid: str = "auto", table: str = "auto") -> None:
+def set_launch(tile: int = 0, grid: str = "auto", table: str = "auto", max_blocks: int = 0) -> None:
     """Shape of the kernels' later launches, for the whole process: a tuning knob for benchmarks
     (codes and values do not depend on it). ``tile``: elements a thread block takes at a time,
     0 for the default (4096) or 8192; ``grid``: ``"persistent"`` (the resident thread blocks loop
@@ -46,7 +46,9 @@ def set_launch(tile: int = 0, grid: str = "auto", table: str = "auto") -> None:
     table the 4-bit encoders (nf4, fp4) read, ``"buckets"`` (44 entries, indexed by the value's
     clamped exponent and top mantissa bits), ``"direct"`` (2048 entries, indexed by its top 11
     bits: fewer instructions, a bigger table for each thread block to build) or ``"auto"`` (the
-    default: direct with a persistent grid, buckets with a block per tile)."""
+    default: direct with a persistent grid, buckets with a block per tile); ``max_blocks``: at
+    most this many thread blocks in a persistent grid (0, the default: as many as are resident;
+    the GPU tests use a few, so that every block loops over several tiles)."""
     grids, tables = {"auto": 0, "persistent": 1, "tiles": 2}, {"auto": 0, "buckets": 1, "direct": 2}
     if isinstance(tile, bool) or not isinstance(tile, int):
         raise TypeError(f"set_launch: tile must be an int, not {type(tile).__name__}")
@@ -54,7 +56,10 @@ def set_launch(tile: int = 0, grid: str = "auto", table: str = "auto") -> None:
         raise ValueError(f"set_launch: grid must be 'auto', 'persistent' or 'tiles', not {grid!r}")
     if table not in tables:
         raise ValueError(f"set_launch: table must be 'auto', 'buckets' or 'direct', not {table!r}")
+    if isinstance(max_blocks, bool) or not isinstance(max_blocks, int) or max_blocks < 0:
+        raise ValueError(f"set_launch: max_blocks must be an int >= 0, not {max_blocks!r}")
     check(library().vk_quant_set_launch(tile, grids[grid], tables[table]))
+    check(library().vk_quant_set_max_blocks(max_blocks))
 
 
 def _align(n: int, a: int = _ALIGN) -> int:

@@ -231,8 +231,9 @@ def library():
                 lib.vk_quant_table.argtypes = [i, i, p, i]
                 lib.vk_quant_pointer_device.argtypes = [p]
                 lib.vk_quant_set_launch.argtypes = [i, i, i]
+                lib.vk_quant_set_max_blocks.argtypes = [i]
                 for f in ("vk_quant_encode", "vk_quant_decode", "vk_quant_compress_scales", "vk_quant_table",
-                          "vk_quant_pointer_device", "vk_quant_set_launch"):
+                          "vk_quant_pointer_device", "vk_quant_set_launch", "vk_quant_set_max_blocks"):
                     getattr(lib, f).restype = i
                 lib.vk_quant_last_error.restype = ctypes.c_char_p
                 lib.vk_quant_last_error.argtypes = []

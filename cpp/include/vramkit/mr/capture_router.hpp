@@ -84,8 +84,12 @@ class capture_router {
   // The resource everything outside the private pools goes to. It can be
   // replaced while the router lives (a tracking adaptor put over it, then
   // taken off): allocations made through the old one free through the new
-  // one, so the new one must reach the same memory (an adaptor over it).
+  // one, so the new one must reach the same memory (an adaptor over base()).
+  // The resource the router was made with (base()) lives as long as the router.
   std::shared_ptr<device_resource> main() const noexcept { return main_.load(std::memory_order_acquire); }
+  const std::shared_ptr<device_resource>& base() const noexcept { return base_; }
+  // A generation older than the current one is ignored (two threads that saw
+  // the current resource change at different times).
   void set_main(std::shared_ptr<device_resource> main, std::uint64_t generation);
   // The generation given with the last set_main (0 at first).
   std::uint64_t main_generation() const noexcept { return main_generation_.load(std::memory_order_acquire); }
@@ -104,6 +108,7 @@ class capture_router {
   // Ends what a pool no longer needs once nobody holds it; unlocks lk.
   void settle_(graph_pool_id id, std::unique_lock<std::mutex>& lk) noexcept;
 
+  const std::shared_ptr<device_resource> base_;
   std::atomic<std::shared_ptr<device_resource>> main_;
   std::atomic<std::uint64_t> main_generation_{0};
   make_pool_fn make_pool_;
