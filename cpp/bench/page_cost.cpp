@@ -3,7 +3,12 @@
 // are cuMemCreate / cuMemMap + cuMemSetAccess / cuMemUnmap / cuMemRelease, and
 // they set the price of every page the pool remaps.
 //
-//   page_cost [--device host|vmm] [--pages N] [--repeat R]
+// --threads 1,2,4 also splits the pages over that many threads, each making
+// its own calls (one page a call), and prints the wall time per page of each
+// phase: whether the driver's calls run side by side, which decides whether
+// pages made ahead on a helper thread could keep up with a step's growth.
+//
+//   page_cost [--device host|vmm] [--pages N] [--repeat R] [--threads T,...]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -11,6 +16,7 @@
 #include <cstring>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "vramkit/platform/cuda.hpp"
@@ -25,13 +31,25 @@ static double us_since(clk::time_point t0, std::size_t n) {
 int main(int argc, char** argv) {
   std::string kind = "host";
   std::size_t n = 256, repeat = 5;
+  std::vector<std::size_t> threads;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--device" && i + 1 < argc) kind = argv[++i];
     else if (a == "--pages" && i + 1 < argc) n = std::strtoull(argv[++i], nullptr, 10);
     else if (a == "--repeat" && i + 1 < argc) repeat = std::strtoull(argv[++i], nullptr, 10);
-    else {
-      std::fprintf(stderr, "usage: page_cost [--device host|vmm] [--pages N] [--repeat R]\n");
+    else if (a == "--threads" && i + 1 < argc) {
+      for (char* p = argv[++i]; *p;) {
+        char* end = nullptr;
+        std::size_t t = std::strtoull(p, &end, 10);
+        if (end == p || t == 0 || t > 64) {
+          std::fprintf(stderr, "page_cost: --threads takes numbers from 1 to 64, comma-separated\n");
+          return 2;
+        }
+        threads.push_back(t);
+        p = *end == ',' ? end + 1 : end;
+      }
+    } else {
+      std::fprintf(stderr, "usage: page_cost [--device host|vmm] [--pages N] [--repeat R] [--threads T,...]\n");
       return 2;
     }
   }
@@ -73,6 +91,40 @@ int main(int argc, char** argv) {
                           "unmap, whole run in one call", "destroy"};
   std::printf("| call | us per page |\n|---|---|\n");
   for (int i = 0; i < 6; ++i) std::printf("| %s | %.2f |\n", names[i], best[i]);
+
+  if (!threads.empty()) {
+    // Each phase: T threads, thread k takes pages k, k+T, ...; wall time per page.
+    auto phase = [&](std::size_t t, auto&& body) {
+      auto t0 = clk::now();
+      std::vector<std::thread> pool;
+      for (std::size_t k = 0; k < t; ++k)
+        pool.emplace_back([&, k] {
+          for (std::size_t i = k; i < n; i += t) body(i);
+        });
+      for (auto& th : pool) th.join();
+      return us_since(t0, n);
+    };
+    std::printf("\n| threads | create | map + set access | unmap | destroy | create + map, all |\n|---|---|---|---|---|---|\n");
+    for (std::size_t t : threads) {
+      double b[5];
+      std::fill(b, b + 5, 1e300);
+      for (std::size_t r = 0; r < repeat; ++r) {
+        b[0] = std::min(b[0], phase(t, [&](std::size_t i) { h[i] = dev->create(); }));
+        b[1] = std::min(b[1], phase(t, [&](std::size_t i) { dev->map(va + i * g, &h[i], 1); }));
+        b[2] = std::min(b[2], phase(t, [&](std::size_t i) { dev->unmap(va + i * g, 1); }));
+        b[3] = std::min(b[3], phase(t, [&](std::size_t i) { dev->destroy(h[i]); }));
+        b[4] = std::min(b[4], phase(t, [&](std::size_t i) {
+          h[i] = dev->create();
+          dev->map(va + i * g, &h[i], 1);
+        }));
+        phase(t, [&](std::size_t i) {
+          dev->unmap(va + i * g, 1);
+          dev->destroy(h[i]);
+        });
+      }
+      std::printf("| %zu | %.2f | %.2f | %.2f | %.2f | %.2f |\n", t, b[0], b[1], b[2], b[3], b[4]);
+    }
+  }
   dev->unreserve(va, n * g);
   return 0;
 }

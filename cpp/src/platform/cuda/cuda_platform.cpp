@@ -10,6 +10,7 @@
 #include <unordered_map>
 #include <vector>
 #include <algorithm>
+#include <atomic>
 
 #include "vramkit/platform/cuda.hpp"
 
@@ -192,7 +193,7 @@ class vmm_device final : public page_device {
  private:
   int device_;
   std::size_t granularity_ = 0, capacity_ = 0;
-  std::size_t created_ = 0;
+  std::atomic<std::size_t> created_{0};  // create/destroy may run on several threads
   CUmemAllocationProp prop_{};
   std::vector<CUmemAccessDesc> access_;
 };
