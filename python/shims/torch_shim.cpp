@@ -5,9 +5,11 @@
 // Every device gets one capture_router over its current resource (the same
 // resource the Python module uses: both link the one shared core library), so
 // allocations made while a graph is captured come from the graph's private
-// pool. The router follows the current resource when it is replaced (leak
-// tracking puts an adaptor over it and takes it off again). Routers live until the process ends: PyTorch frees tensors as late as
-// its own static destructors, after which nothing here may be gone.
+// pool. The router follows the current resource while that is a tracking
+// adaptor over the router's own (leak tracking puts one there and takes it
+// off again; see follow()). Routers live until the process ends: PyTorch frees
+// tensors as late as its own static destructors, after which nothing here may
+// be gone.
 #include <algorithm>
 #include <array>
 #include <cstdio>
