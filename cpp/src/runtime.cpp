@@ -99,13 +99,15 @@ void device_mem_info(int device, std::size_t& fr, std::size_t& total) {
   fr = p->available();
 }
 
-std::shared_ptr<device_resource> current_resource(int device) {
+std::shared_ptr<device_resource> current_resource_if_set(int device) {
   check_device(device);
-  {
-    std::lock_guard<std::mutex> lk(g_mu);
-    auto it = g_current.find(device);
-    if (it != g_current.end()) return it->second;
-  }
+  std::lock_guard<std::mutex> lk(g_mu);
+  auto it = g_current.find(device);
+  return it == g_current.end() ? nullptr : it->second;
+}
+
+std::shared_ptr<device_resource> current_resource(int device) {
+  if (auto r = current_resource_if_set(device)) return r;
   auto pool = std::make_shared<pool_resource>(default_page_device(device), default_stream_ops(device),
                                               pool_options::from_env());
   auto r = std::make_shared<statistics_adaptor>(pool);
@@ -128,28 +130,20 @@ void set_current_resource(std::shared_ptr<device_resource> r, int device) {
 
 std::uint64_t current_resource_generation() noexcept { return g_generation.load(std::memory_order_acquire); }
 
-std::shared_ptr<device_resource> current_resource_if_set(int device) {
-  check_device(device);
-  std::lock_guard<std::mutex> lk(g_mu);
-  auto it = g_current.find(device);
-  return it == g_current.end() ? nullptr : it->second;
+device_resource* beneath_trackers(device_resource* r) {
+  while (auto* t = dynamic_cast<tracking_adaptor*>(r)) r = t->upstream().get();
+  return r;
 }
 
-statistics_adaptor* find_statistics(device_resource* r) {
-  while (r) {
-    if (auto* s = dynamic_cast<statistics_adaptor*>(r)) return s;
-    auto* t = dynamic_cast<tracking_adaptor*>(r);
-    if (!t) return nullptr;
-    r = t->upstream().get();
-  }
-  return nullptr;
-}
+statistics_adaptor* find_statistics(device_resource* r) { return dynamic_cast<statistics_adaptor*>(beneath_trackers(r)); }
 
 pool_resource* find_pool(device_resource* r) {
-  if (!r) return nullptr;
-  if (auto* p = dynamic_cast<pool_resource*>(r)) return p;
-  if (auto* s = dynamic_cast<statistics_adaptor*>(r)) return find_pool(s->upstream().get());
-  if (auto* t = dynamic_cast<tracking_adaptor*>(r)) return find_pool(t->upstream().get());
+  while ((r = beneath_trackers(r))) {
+    if (auto* p = dynamic_cast<pool_resource*>(r)) return p;
+    auto* s = dynamic_cast<statistics_adaptor*>(r);
+    if (!s) return nullptr;
+    r = s->upstream().get();
+  }
   return nullptr;
 }
 

@@ -22,7 +22,6 @@
 
 #include "vramkit/mr/capture_router.hpp"
 #include "vramkit/mr/pool_resource.hpp"
-#include "vramkit/mr/tracking_adaptor.hpp"
 #include "vramkit/platform/cuda.hpp"
 #include "vramkit/runtime.hpp"
 
@@ -59,13 +58,6 @@ std::shared_ptr<device_resource> make_private_pool(int device, capture_router* r
   return std::make_shared<pool_resource>(cuda::make_cuda_resource(device), events, o);
 }
 
-// Tracking adaptors hand out their upstream's pointers unchanged: frees may go
-// through one or around it. Any other resource may not.
-device_resource* under_trackers(device_resource* r) {
-  while (auto* t = dynamic_cast<tracking_adaptor*>(r)) r = t->upstream().get();
-  return r;
-}
-
 // The router's main resource follows the device's current one while that is
 // the router's own base or tracking adaptors over it (leak_check and watch put
 // one there and take it off). Anything else (another pool, a guard adaptor, no
@@ -75,7 +67,7 @@ capture_router& follow(capture_router& r, int device) {
   std::uint64_t g = current_resource_generation();
   if (r.main_generation() >= g) return r;
   auto cur = current_resource_if_set(device);
-  if (cur && under_trackers(cur.get()) == r.base().get()) r.set_main(std::move(cur), g);
+  if (cur && beneath_trackers(cur.get()) == r.base().get()) r.set_main(std::move(cur), g);
   else r.set_main(r.base(), g);
   return r;
 }

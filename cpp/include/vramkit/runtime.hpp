@@ -38,6 +38,9 @@ void set_current_resource(std::shared_ptr<device_resource> r, int device);
 std::uint64_t current_resource_generation() noexcept;
 // The device's current resource if one is set (or was made), else null; makes none.
 std::shared_ptr<device_resource> current_resource_if_set(int device);
+// r with the tracking adaptors over it peeled off (they hand out their
+// upstream's pointers unchanged, so frees may go through them or around them).
+device_resource* beneath_trackers(device_resource* r);
 // The statistics adaptor / pool inside a resource chain (through tracking
 // adaptors), or null.
 statistics_adaptor* find_statistics(device_resource* r);
