@@ -31,7 +31,11 @@ mc=$?
 echo "memcheck exit code $mc: $(grep 'ERROR SUMMARY' "$out/memcheck.log" | tail -1)"
 [ $mc -eq 0 ] || status=1
 echo "== what the page device's calls cost (cuMemCreate/Map/SetAccess/Unmap/Release)"
-./build/gpu/cpp/bench/vramkit_page_cost --device vmm --pages 256 2>&1 | tee "$out/page-cost.txt"
+./build/gpu/cpp/bench/vramkit_page_cost --device vmm --pages 256 --threads 1,2,4 2>&1 | tee "$out/page-cost.txt"
+if [ -x ./build/gpu/cpp/bench/vramkit_vmm_overlap ]; then
+  echo "== whether page calls on a helper thread hold up launches or wait for queued GPU work (map_ahead)"
+  ./build/gpu/cpp/bench/vramkit_vmm_overlap --launches 20000 --pages 256 --repeat 3 2>&1 | tee "$out/vmm-overlap.txt"
+fi
 if [ "${VRAMKIT_GPU_PYTHON:-1}" = 1 ]; then
   echo "== Python GPU tests (pytest -m gpu): PyTorch, CuPy, Numba, interop, leaks, guard zones"
   python3 -m pip install -q --no-build-isolation . >"$out/pip.log" 2>&1 || { tail -20 "$out/pip.log"; exit 1; }

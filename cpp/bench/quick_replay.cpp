@@ -1,9 +1,13 @@
 // Development driver: replays "op id size stream" lines from stdin through the
 // host pool and prints fragmentation and ns/op.
+#include <algorithm>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <memory>
+#include <string>
+#include <vector>
 
 #include "vramkit/mr/pool_resource.hpp"
 #include "vramkit/platform/host_page_device.hpp"
@@ -20,6 +24,28 @@ struct lag_streams : vramkit::stream_ops {
   void release(vramkit::event_id) noexcept override {}
 };
 
+// (diagnostic) VKNULL=1: a page device that makes no call at all, so that
+// ns/op is the pool's own work; VKSLOW=N prints the N slowest operations of
+// the first pass.
+struct null_pages : vramkit::page_device {
+  std::size_t g = std::size_t{2} << 20, made = 0;
+  std::uintptr_t next_va = std::uintptr_t{1} << 44;
+  vramkit::page_handle next = 1;
+  std::size_t granularity() const noexcept override { return g; }
+  std::size_t capacity() const noexcept override { return std::size_t{80} << 30; }
+  std::size_t created_bytes() const noexcept override { return made * g; }
+  std::uintptr_t reserve(std::size_t b) override { auto v = next_va; next_va += (b + g - 1) / g * g + g; return v; }
+  void unreserve(std::uintptr_t, std::size_t) noexcept override {}
+  vramkit::page_handle create() override { ++made; return next++; }
+  void destroy(vramkit::page_handle) noexcept override { --made; }
+  void map(std::uintptr_t, const vramkit::page_handle*, std::size_t) override {}
+  void unmap(std::uintptr_t, std::size_t) noexcept override {}
+  bool map_replaces() const noexcept override { return true; }
+  int device() const noexcept override { return 0; }
+  std::string name() const override { return "null"; }
+  vramkit::device_properties properties() const override { return {}; }
+};
+
 int main(int argc, char** argv) {
   std::vector<vramkit::trace_op> ops;
   unsigned long long op, id, size, st;
@@ -33,8 +59,15 @@ int main(int argc, char** argv) {
   }
   vramkit::pool_options o;
   if (argc > 1) o.parse(argv[1]);
-  auto dev = std::make_shared<vramkit::host_page_device>(vramkit::host_page_device::default_capacity,
-                                                         o.page_size ? o.page_size : std::size_t{2} << 20);
+  std::shared_ptr<vramkit::page_device> dev;
+  if (std::getenv("VKNULL")) {
+    auto n = std::make_shared<null_pages>();
+    if (o.page_size) n->g = o.page_size;
+    dev = n;
+  } else {
+    dev = std::make_shared<vramkit::host_page_device>(vramkit::host_page_device::default_capacity,
+                                                      o.page_size ? o.page_size : std::size_t{2} << 20);
+  }
   auto lag = std::make_shared<lag_streams>();
   lag->lag = std::getenv("VKLAG") ? std::strtoull(std::getenv("VKLAG"), nullptr, 10) : 0;
   vramkit::pool_resource pool(dev, lag, o);
@@ -74,6 +107,33 @@ int main(int argc, char** argv) {
                 lag->lag, double(pool.state().peak_reserved_bytes) / double(peak_live), lag->waits, c.pages_remapped,
                 c.stream_reclaims);
     pool.check_invariants();
+    return 0;
+  }
+  if (std::getenv("VKSLOW")) {
+    std::vector<void*> ptr(ops.size(), nullptr);
+    std::vector<std::pair<double, std::size_t>> t_op;
+    double total = 0, alloc_total = 0;
+    for (std::size_t i = 0; i < ops.size(); ++i) {
+      auto& t = ops[i];
+      auto t0 = std::chrono::steady_clock::now();
+      if (t.action == 0) ptr[t.id] = pool.allocate(t.size, t.stream);
+      else pool.deallocate(ptr[t.id], 0, t.stream);
+      double us = std::chrono::duration<double, std::micro>(std::chrono::steady_clock::now() - t0).count();
+      total += us;
+      if (t.action == 0) alloc_total += us;
+      t_op.emplace_back(us, i);
+    }
+    std::sort(t_op.rbegin(), t_op.rend());
+    std::printf("first pass: %zu ops, %.1f ms (allocations %.1f ms)\n", ops.size(), total / 1e3, alloc_total / 1e3);
+    std::size_t n = std::strtoull(std::getenv("VKSLOW"), nullptr, 10);
+    double top = 0;
+    for (std::size_t k = 0; k < t_op.size() && k < n; ++k) top += t_op[k].first;
+    std::printf("slowest %zu ops: %.1f ms\n", n, top / 1e3);
+    for (std::size_t k = 0; k < t_op.size() && k < 10; ++k) {
+      auto& t = ops[t_op[k].second];
+      std::printf("  op %zu %s %.2f MiB: %.1f us\n", t_op[k].second, t.action ? "free" : "alloc", t.size / 1048576.0,
+                  t_op[k].first);
+    }
     return 0;
   }
   if (std::getenv("VKOPS")) {  // (diagnostic) per-op remaps in pass 2
