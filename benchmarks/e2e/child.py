@@ -97,7 +97,7 @@ def _numbers(d: dict, keys=None) -> dict:
 
 
 PAGE_OP_KEYS = ("pages_created", "pages_mapped", "pages_unmapped", "map_calls", "pages_remapped",
-                "mappings_reused", "pages_destroyed", "pages_deferred")
+                "mappings_reused", "pages_destroyed", "pages_deferred", "pages_made_ahead", "pages_ahead_used")
 
 
 def _page_op_reader(alloc: str):

@@ -112,6 +112,7 @@ void pool_options::parse(const std::string& conf) {
       else if (k == "release_threshold") o.release_threshold = v == "max" ? static_cast<std::size_t>(-1) : parse_size(v);
       else if (k == "growth_slack") o.growth_slack = parse_real(k, v);
       else if (k == "va_factor") o.va_factor = parse_real(k, v);
+      else if (k == "map_ahead") o.map_ahead = parse_size(v);
       else if (k == "remap") o.remap = parse_bool(k, v);
       else if (k == "wait_to_remap") o.wait_to_remap = parse_bool(k, v);
       else if (k == "defer_unmap") o.defer_unmap = parse_bool(k, v);
@@ -119,7 +120,7 @@ void pool_options::parse(const std::string& conf) {
       else
         throw invalid_argument("VRAMKIT_ALLOC_CONF: unknown key '" + k +
                                "' (known: alignment, page_size, small_threshold, small_segment, large_rounding, "
-                               "reserve_limit, release_threshold, growth_slack, remap, wait_to_remap, defer_unmap, keep_mappings, va_factor)");
+                               "reserve_limit, release_threshold, growth_slack, remap, wait_to_remap, defer_unmap, keep_mappings, map_ahead, va_factor)");
     } catch (const invalid_argument&) {
       throw;
     } catch (const std::exception&) {
@@ -145,7 +146,8 @@ std::string pool_options::to_string() const {
   s += release_threshold == static_cast<std::size_t>(-1) ? std::string("max") : to_string(release_threshold);
   s += ",growth_slack:" + format_fixed(growth_slack, 4) + ",remap:" + (remap ? "true" : "false") +
        ",wait_to_remap:" + (wait_to_remap ? "true" : "false") + ",defer_unmap:" + (defer_unmap ? "true" : "false") +
-       ",keep_mappings:" + (keep_mappings ? "true" : "false") + ",va_factor:" + format_fixed(va_factor, 2);
+       ",keep_mappings:" + (keep_mappings ? "true" : "false") + ",map_ahead:" + to_string(map_ahead) +
+       ",va_factor:" + format_fixed(va_factor, 2);
   return s;
 }
 

@@ -36,7 +36,8 @@ def child(code: str, *, env: dict | None = None, timeout: float = 300) -> dict:
 
 # ============================================================ (1) resource conformance on the device
 
-SPECS = ["cuda", "cuda_async", "vmm", "pool:upstream=vmm", "pool:upstream=cuda", "pool:upstream=cuda_async"]
+SPECS = ["cuda", "cuda_async", "vmm", "pool:upstream=vmm", "pool:upstream=vmm,map_ahead:64MiB", "pool:upstream=cuda",
+         "pool:upstream=cuda_async"]
 SIZES = [1, 255, 256, 4097, 1 * MiB, 3 * MiB + 17, 64 * MiB, 1 * GiB]
 
 
@@ -134,6 +135,38 @@ def test_default_alloc_roundtrip_and_views():
     assert view.copy_to_host() == data[MiB:2 * MiB]
     del view
     buf.free()
+
+
+def test_map_ahead_pages_made_on_the_helper_thread_hold_data():
+    """map_ahead on the vmm device: the helper thread (its own CUDA context binding) makes pages
+    that blocks then use; their bytes survive; every page goes back."""
+    import time
+    r = vramkit.make_resource("pool:upstream=vmm,map_ahead:256MiB", 0)
+    rng = np.random.default_rng(5)
+    live = []
+    try:
+        for i in range(48):
+            n = (8 + 5 * i) * MiB + 4096 * i
+            p = r.allocate(n)
+            live.append([p, n, _write(rng, p, n)])
+            r.check_invariants()
+            time.sleep(0.002)  # the helper runs beside this thread
+        c = r.pool_counters()
+        assert c["pages_made_ahead"] > 0 and c["pages_ahead_used"] > 0, show(c)
+        for p, n, data in live:
+            _check(p, n, data, "map_ahead")
+        for p, n, _ in live[::2]:
+            r.deallocate(p, n)
+        live = live[1::2]
+        r.release_cached()
+        r.check_invariants()
+        for p, n, data in live:
+            _check(p, n, data, "map_ahead after release_cached")
+    finally:
+        for p, n, _ in live:
+            r.deallocate(p, n)
+    r.release_cached()
+    assert r.state()["reserved_bytes"] == 0
 
 
 # ============================================================ (2) streams, checked by data

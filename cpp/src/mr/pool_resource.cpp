@@ -11,6 +11,7 @@
 // The parts, in this one translation unit: calls between them inline as
 // within one file (CMakeLists.txt leaves them out of the source list).
 #include "pool/diagnostics.cpp"
+#include "pool/page_ahead.cpp"
 #include "pool/page_mapping.cpp"
 #include "pool/page_supply.cpp"
 #include "pool/placement.cpp"
@@ -49,6 +50,7 @@ void pool_resource::impl::init_paged() {
     a->handles.assign(np, 0);
     a->mapped_bits.assign((np + 63) / 64, 0);
     a->zombie_bits.assign((np + 63) / 64, 0);
+    a->ahead_bits.assign((np + 63) / 64, 0);
     a->phys.assign(np, 0);
     block* b = blocks.make();
     b->addr = a->base;
@@ -71,6 +73,7 @@ void pool_resource::impl::init_segmented() {
 
 
 pool_resource::impl::~impl() {
+  stop_ahead();  // the helper thread first: it may be making pages
   // Old addresses still waiting: unmapped without waiting (nothing may run
   // on memory of a pool being destroyed), their events given back.
   for (auto& d : deferred) streams->release(d.ev);  // their old addresses go with the rest below
@@ -95,7 +98,10 @@ pool_resource::impl::~impl() {
   for (auto* a : arenas) {
     if (a->paged) {
       for (std::size_t p = 0; p < a->top; ++p)
-        if (a->handles[p]) pages->destroy(a->handles[p]);
+        if (a->handles[p])
+          pages->destroy(a->handles[p]);
+        else if (a->ahead(p))
+          pages->destroy(a->phys[p]);
       pages->unreserve(a->base, a->size);
     } else {
       upstream->deallocate(reinterpret_cast<void*>(a->base), a->size, 0);
@@ -125,6 +131,7 @@ void* pool_resource::impl::allocate(std::size_t bytes, stream_t stream) {
   settle_deferred(0);
   if (!upstream) {
     destroy_spares();
+    drop_ahead();
   } else {
     release_free_segments();
   }

@@ -40,6 +40,10 @@ class page_device {
   // address must be unmapped before it is mapped again).
   virtual bool map_replaces() const noexcept { return false; }
 
+  // Makes the calling thread ready to call the others (a pool's helper
+  // thread calls it first: a CUDA device makes its context current there).
+  virtual void attach_thread() {}
+
   // Waits for all work on the device (the host has none).
   virtual void synchronize() {}
 

@@ -40,7 +40,7 @@ memory_state pool_resource::impl::state() const {
 void pool_resource::impl::check() const {
   std::lock_guard<std::mutex> lk(mu);
   auto fail = [](const std::string& what) { throw error("pool invariant broken: " + what); };
-  std::size_t live_sum = 0, live_n = 0, mapped_pages = 0, zombie_pages = 0, stale_pages = 0;
+  std::size_t live_sum = 0, live_n = 0, mapped_pages = 0, zombie_pages = 0, stale_pages = 0, ahead_count = 0;
   std::vector<page_handle> in_use(spare_handles.begin(), spare_handles.end()), kept;
   for (auto* a : arenas) {
     std::uintptr_t at = a->base;
@@ -89,13 +89,20 @@ void pool_resource::impl::check() const {
       };
       const std::size_t wtop = (a->top + 63) / 64;
       if (!zero(a->handles, a->top) || !zero(a->phys, a->top) || !zero(a->mapped_bits, wtop) ||
-          !zero(a->zombie_bits, wtop))
+          !zero(a->zombie_bits, wtop) || !zero(a->ahead_bits, wtop))
         fail("a page in use or mapped above the arena's top");
       for (std::size_t p = a->top; p < std::min(wtop * 64, a->handles.size()); ++p)
-        if (a->mapped(p) || a->zombie(p)) fail("a page in use or mapped above the arena's top");
+        if (a->mapped(p) || a->zombie(p) || a->ahead(p)) fail("a page in use or mapped above the arena's top");
     }
     if (a->paged)
       for (std::size_t p = 0; p < a->top; ++p) {
+        if (a->ahead(p)) {
+          if (a->mapped(p) || a->handles[p] || a->zombie(p) || !a->phys[p] || a->small)
+            fail("a page made ahead is in use, waiting, not mapped or in the small arena");
+          in_use.push_back(a->phys[p]);
+          ++ahead_count;
+          continue;
+        }
         if (a->mapped(p) != (a->handles[p] != 0)) fail("page map and handles disagree");
         if (a->zombie(p) && a->mapped(p)) fail("a page waiting to be unmapped is also in use");
         if (a->mapped(p) && a->phys[p] != a->handles[p]) fail("the device maps another page than the pool uses");
@@ -121,8 +128,9 @@ void pool_resource::impl::check() const {
   if (std::adjacent_find(in_use.begin(), in_use.end()) != in_use.end()) fail("one page in use at two places");
   for (page_handle h : kept)
     if (!std::binary_search(in_use.begin(), in_use.end(), h)) fail("a mapping kept of a page given back");
-  if (!upstream && (mapped_pages + spare_handles.size()) * page != reserved)
-    fail("reserved != mapped + spare pages");
+  if (ahead_count != ahead_pages) fail("the count of pages made ahead is stale");
+  if (!upstream && (mapped_pages + spare_handles.size()) * page + held_ahead_bytes() != reserved)
+    fail("reserved != mapped + spare + ahead pages");
 }
 
 std::vector<segment_info> pool_resource::impl::segments() const {

@@ -4,7 +4,7 @@
 // Memory
 //   arena        A contiguous address range the pool places blocks in. A paged
 //                pool has two, each a large virtual reservation backed page by
-//                page: [0] large, [1] small (requests <= small_threshold). A
+//                page: [0] small (requests <= small_threshold), [1] large. A
 //                pool over a non-paged upstream has one arena per segment.
 //   segment      (Non-paged upstreams) one allocation taken from the upstream,
 //                carved into blocks; given back whole once wholly free.
@@ -69,6 +69,11 @@
 //                page is shared with neighbours other streams may reach.
 //   return home  Reordering the pages supplied for a block so each goes back to
 //                an address that still maps it (a reused mapping, no call).
+//   made ahead   (map_ahead) A page the helper thread created and mapped just
+//                above the large arena's top before any block needed it
+//                (ahead bit, `phys[p]` set, `handles[p]` 0). A block placed
+//                over it takes it as it is; a block elsewhere may take it when
+//                no page may be created. `inflight` is the batch being made.
 //
 // Growth and release
 //   need live    The live bytes once the block being placed is handed out;

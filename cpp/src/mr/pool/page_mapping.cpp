@@ -16,6 +16,22 @@ bool pool_resource::impl::back(detail::arena* a, std::uintptr_t addr, std::size_
   for (std::size_t p = p0; p <= p1; ++p) n += !a->mapped(p);
   newly = n;
   if (n == 0) return true;
+  // map_ahead: pages made ready here are taken as they are; the helper then
+  // makes more if the pool grew.
+  std::size_t used = 0;
+  if (opt.map_ahead && !a->small) {
+    used = use_ahead(a, p0, p1);
+    n -= used;
+  }
+  struct wake_after {  // however back() ends
+    impl* self;
+    bool on;
+    std::size_t made0, used;
+    ~wake_after() {
+      if (on) self->after_backing(self->ctr.pages_created - self->ctr.pages_made_ahead - made0, used);
+    }
+  } wake{this, opt.map_ahead && !a->small, ctr.pages_created - ctr.pages_made_ahead, used};
+  if (n == 0) return true;
   if (!deferred.empty()) {
     flush_deferred();
     clear_zombies(a, p0, p1);
@@ -28,7 +44,10 @@ bool pool_resource::impl::back(detail::arena* a, std::uintptr_t addr, std::size_
   const bool edge1 = p1 != p0 && !inside(p1) && !a->mapped(p1);
   const std::size_t clean = std::size_t{edge0} + std::size_t{edge1};
   thread_local std::vector<page_handle> got, hs;
-  if (!acquire(n, need_live, slot, got, clean)) return false;
+  if (!acquire(n, need_live, slot, got, clean)) {
+    if (used) unuse_ahead(a);  // the block goes back free, hollow where it was
+    return false;
+  }
   // In page order: the clean ones at the edges, the rest in between.
   hs.clear();
   {
@@ -94,6 +113,7 @@ bool pool_resource::impl::back(detail::arena* a, std::uintptr_t addr, std::size_
       }
     for (std::size_t q = p0; q <= p1; ++q)
       if (!a->mapped(q)) a->handles[q] = 0;
+    if (used) unuse_ahead(a);
     settle_deferred(0);
     spare_handles.insert(spare_handles.end(), hs.begin(), hs.end());
     throw;

@@ -17,7 +17,8 @@ namespace vramkit {
 bool pool_resource::impl::may_grow(std::size_t need_live) const {
   if (reserved + page > limit) return false;
   if (!opt.remap) return true;
-  return static_cast<double>(reserved + page) <=
+  // Pages made ahead (map_ahead) are a bounded extra, not growth.
+  return static_cast<double>(reserved - held_ahead_bytes() + page) <=
          (1.0 + opt.growth_slack) * static_cast<double>(std::max(need_live, peak_live));
 }
 
@@ -175,6 +176,8 @@ bool pool_resource::impl::acquire_some(std::size_t n, std::size_t need_live, std
         continue;
       }
     }
+    // Pages made ahead above the top, before free pages of blocks are moved.
+    if (ahead_pages && take_ahead(n - out.size(), out)) continue;
     if (opt.remap) {
       if (steal(0, n - out.size(), out)) continue;
       if (!reclaimed) {

@@ -6,6 +6,7 @@
 //   placement.cpp      where a request goes: fit, hollow places, runs, splits
 //   page_supply.cpp    physical pages for a placement: spares, new pages, steals
 //   page_mapping.cpp   mapping pages under a block; kept and deferred mappings
+//   page_ahead.cpp     map_ahead: pages made ready above the top on a helper thread
 //   stream_reuse.cpp   frees on other streams: pending blocks, slot reclaims
 //   release.cpp        giving memory back: trim, release_cached, segments
 //   diagnostics.cpp    invariants, reports, the out-of-memory message
@@ -18,11 +19,14 @@
 // the files costs the hot path no call. Each part still compiles on its own.
 #pragma once
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
 #include <memory>
 #include <mutex>
+#include <thread>
 #include <vector>
 
 #include "../../detail/flat_map.hpp"
@@ -70,6 +74,26 @@ struct pool_resource::impl {
   };
   std::vector<deferred_unmap> deferred;
   detail::block_pool blocks;
+  // Page supply ahead (map_ahead, page_ahead.cpp): pages the helper thread
+  // made above the large arena's top (arena::ahead_bits), and the one batch
+  // it is making now. The batch's pages count as reserved from the moment
+  // they are claimed; `made` is written by the helper without the lock and
+  // read under it once `done` is set.
+  struct ahead_batch {
+    detail::arena* a = nullptr;
+    std::size_t first = 0, count = 0;  // the claimed pages [first, first + count)
+    std::vector<page_handle> made;
+    std::atomic<bool> done{false};
+    bool active = false;
+  };
+  ahead_batch inflight;
+  std::size_t ahead_pages = 0;  // pages with their ahead bit set
+  std::vector<std::size_t> ahead_took;  // the pages use_ahead gave the block being backed
+  bool ahead_failed = false;    // the device refused a page: no more until memory is given back
+  std::thread ahead_thread;
+  std::mutex ahead_mu;  // guards the two flags below (never held with mu)
+  std::condition_variable ahead_cv;
+  bool ahead_wake = false, ahead_stop = false;
 
   // Accounting.
   std::size_t live_bytes = 0;
@@ -117,6 +141,23 @@ struct pool_resource::impl {
   void flush_deferred();
   void clear_zombies(detail::arena* a, std::size_t p0, std::size_t p1);
   void settle_deferred(std::size_t mark) noexcept;
+
+  // ---- page supply ahead (page_ahead.cpp) --------------------------------
+  static constexpr std::size_t ahead_batch_pages = 8;
+  std::size_t ahead_target() const;
+  void wake_ahead();
+  void after_backing(std::size_t created, std::size_t used) noexcept;
+  void ahead_loop();
+  bool claim_ahead();
+  void make_ahead() noexcept;
+  void apply_ahead();
+  void wait_ahead();
+  std::size_t use_ahead(detail::arena* a, std::size_t p0, std::size_t p1);
+  void unuse_ahead(detail::arena* a);
+  std::size_t take_ahead(std::size_t want, std::vector<page_handle>& out);
+  void drop_ahead();
+  void stop_ahead() noexcept;
+  std::size_t held_ahead_bytes() const { return (ahead_pages + (inflight.active ? inflight.count : 0)) * page; }
 
   // ---- stream reuse (stream_reuse.cpp) -----------------------------------
   void process_pending(bool wait);

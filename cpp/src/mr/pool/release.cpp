@@ -29,6 +29,7 @@ void pool_resource::impl::trim_to(std::size_t target) {
     return;
   }
   destroy_spares();
+  drop_ahead();
   reclaim_streams(false);
   // Pages are destroyed only once mapped nowhere else: what reached the
   // shared slot has its old addresses' work done, so they go first.

@@ -185,6 +185,7 @@ class vmm_device final : public page_device {
   void unmap(std::uintptr_t va, std::size_t count) noexcept override {
     driver().unmap(static_cast<CUdeviceptr>(va), count * granularity_);
   }
+  void attach_thread() override { VK_CUDA(cudaSetDevice(device_)); }
   void synchronize() override { synchronize_device(device_); }
   int device() const noexcept override { return device_; }
   std::string name() const override { return "vmm"; }
