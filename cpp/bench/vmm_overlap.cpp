@@ -18,6 +18,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -80,30 +81,35 @@ int main(int argc, char** argv) {
   CUevent ev;
   CK(cuEventCreate(&ev, CU_EVENT_DISABLE_TIMING));
 
+  // The helper thread's work: create, map and grant access to `pages` pages
+  // one by one (each counted as made), then unmap and release them; again
+  // until told to stop.
+  auto churn = [&](std::atomic<bool>& stop, std::atomic<std::size_t>& made) {
+    CK(cuCtxSetCurrent(ctx));
+    std::vector<CUmemGenericAllocationHandle> h(pages);
+    while (!stop.load(std::memory_order_relaxed)) {
+      std::size_t k = 0;
+      for (; k < pages && !stop.load(std::memory_order_relaxed); ++k) {
+        CK(cuMemCreate(&h[k], g, &prop, 0));
+        CK(cuMemMap(va + k * g, g, 0, h[k], 0));
+        CK(cuMemSetAccess(va + k * g, g, &acc, 1));
+        ++made;
+      }
+      for (std::size_t j = 0; j < k; ++j) {
+        CK(cuMemUnmap(va + j * g, g));
+        CK(cuMemRelease(h[j]));
+      }
+    }
+  };
+
   auto measure = [&](int helper_kind) {
     // helper_kind 0: none; 1: create + map + access, then unmap + release.
     std::atomic<bool> stop{false};
     std::atomic<std::size_t> done_pages{0};
     std::thread helper;
     if (helper_kind) {
-      helper = std::thread([&] {
-        CK(cuCtxSetCurrent(ctx));
-        std::vector<CUmemGenericAllocationHandle> h(pages);
-        while (!stop.load(std::memory_order_relaxed)) {
-          std::size_t k = 0;
-          for (; k < pages && !stop.load(std::memory_order_relaxed); ++k) {
-            CK(cuMemCreate(&h[k], g, &prop, 0));
-            CK(cuMemMap(va + k * g, g, 0, h[k], 0));
-            CK(cuMemSetAccess(va + k * g, g, &acc, 1));
-            ++done_pages;  // counted as made, so that a short run still shows the rate
-          }
-          for (std::size_t j = 0; j < k; ++j) {
-            CK(cuMemUnmap(va + j * g, g));
-            CK(cuMemRelease(h[j]));
-          }
-        }
-      });
-      std::this_thread::sleep_for(std::chrono::milliseconds(20));  // the helper is in full swing
+      helper = std::thread(churn, std::ref(stop), std::ref(done_pages));
+      while (done_pages.load() < 8) std::this_thread::yield();  // the helper is in full swing
     }
     std::vector<double> t(launches);
     auto w0 = clk::now();
@@ -211,23 +217,7 @@ int main(int argc, char** argv) {
     std::atomic<std::size_t> done_pages{0};
     std::thread helper;
     if (helper_on)
-      helper = std::thread([&] {
-        CK(cuCtxSetCurrent(ctx));
-        std::vector<CUmemGenericAllocationHandle> h(pages);
-        while (!stop.load()) {
-          std::size_t k = 0;
-          for (; k < pages && !stop.load(); ++k) {
-            CK(cuMemCreate(&h[k], g, &prop, 0));
-            CK(cuMemMap(va + k * g, g, 0, h[k], 0));
-            CK(cuMemSetAccess(va + k * g, g, &acc, 1));
-            ++done_pages;  // counted as made, so that a short run still shows the rate
-          }
-          for (std::size_t j = 0; j < k; ++j) {
-            CK(cuMemUnmap(va + j * g, g));
-            CK(cuMemRelease(h[j]));
-          }
-        }
-      });
+      helper = std::thread(churn, std::ref(stop), std::ref(done_pages));
     if (helper_on)
       while (done_pages.load() < 8) std::this_thread::yield();  // the helper is in full swing
     const std::size_t p0 = done_pages.load();

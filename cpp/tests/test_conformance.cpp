@@ -37,6 +37,11 @@ std::vector<factory> factories() {
                  o.remap = false;
                  return std::make_shared<pool_resource>(host_dev(), nullptr, o);
                }});
+  f.push_back({"pool_host_map_ahead", false, [] {
+                 pool_options o;
+                 o.map_ahead = std::size_t{64} << 20;
+                 return std::make_shared<pool_resource>(host_dev(), nullptr, o);
+               }});
   f.push_back({"pool_over_host_resource", false, [] {
                  return std::make_shared<pool_resource>(std::make_shared<page_resource>(host_dev()), nullptr);
                }});
@@ -52,6 +57,11 @@ std::vector<factory> factories() {
   f.push_back({"vmm", true, [] { return std::make_shared<page_resource>(cuda::make_vmm_device(0)); }});
   f.push_back({"pool_vmm", true, [] {
                  return std::make_shared<pool_resource>(cuda::make_vmm_device(0), cuda::make_stream_ops(0));
+               }});
+  f.push_back({"pool_vmm_map_ahead", true, [] {
+                 pool_options o;
+                 o.map_ahead = std::size_t{64} << 20;
+                 return std::make_shared<pool_resource>(cuda::make_vmm_device(0), cuda::make_stream_ops(0), o);
                }});
   f.push_back({"pool_cuda", true, [] {
                  return std::make_shared<pool_resource>(cuda::make_cuda_resource(0), cuda::make_stream_ops(0));
