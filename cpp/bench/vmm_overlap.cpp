@@ -139,11 +139,13 @@ int main(int argc, char** argv) {
     return r;
   };
 
-  std::printf("launching thread: %zu async memsets of 4 KiB, an event query every 16; helper: %zu pages of %zu MiB "
-              "at a time; best of %zu by mean\n",
-              launches, pages, g >> 20, repeat);
-  std::printf("| helper thread | us/launch median | p99 | max | mean | wall ms | helper pages/ms |\n"
-              "|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "launching thread: %zu async memsets of 4 KiB, an event query every 16; helper: %zu pages of %zu MiB "
+      "at a time; best of %zu by mean\n",
+      launches, pages, g >> 20, repeat);
+  std::printf(
+      "| helper thread | us/launch median | p99 | max | mean | wall ms | helper pages/ms |\n"
+      "|---|---|---|---|---|---|---|\n");
   const char* names[2] = {"none", "create+map+access, unmap+release"};
   for (int kind = 0; kind < 2; ++kind) {
     result best;
@@ -216,8 +218,7 @@ int main(int argc, char** argv) {
     std::atomic<bool> stop{false};
     std::atomic<std::size_t> done_pages{0};
     std::thread helper;
-    if (helper_on)
-      helper = std::thread(churn, std::ref(stop), std::ref(done_pages));
+    if (helper_on) helper = std::thread(churn, std::ref(stop), std::ref(done_pages));
     if (helper_on)
       while (done_pages.load() < 8) std::this_thread::yield();  // the helper is in full swing
     const std::size_t p0 = done_pages.load();
@@ -226,7 +227,8 @@ int main(int argc, char** argv) {
     CK(cuEventCreate(&e1, CU_EVENT_DEFAULT));
     auto w0 = clk::now();
     CK(cuEventRecord(e0, stream));
-    for (int i = 0; i < 400; ++i) CK(cuMemsetD8Async(big, static_cast<unsigned char>(i), std::size_t{256} << 20, stream));
+    for (int i = 0; i < 400; ++i)
+      CK(cuMemsetD8Async(big, static_cast<unsigned char>(i), std::size_t{256} << 20, stream));
     CK(cuEventRecord(e1, stream));
     CK(cuEventSynchronize(e1));
     double wall = std::chrono::duration<double, std::milli>(clk::now() - w0).count();
@@ -248,11 +250,14 @@ int main(int argc, char** argv) {
       with_rate = rate;
     }
   }
-  std::printf("GPU time of 400 memsets of 256 MiB: %.2f ms alone, %.2f ms while a helper thread makes and drops "
-              "pages (%.1f pages/ms), best of %zu\n", best_alone, best_with, with_rate, repeat);
-  std::printf("\ncreate+map+access on this thread: %.2f us/page on an idle GPU, %.2f us/page with %.1f ms of "
-              "memsets queued (%s when the calls returned)\n",
-              idle, busy, q < 0 ? -q : q, q < 0 ? "finished" : "still running");
+  std::printf(
+      "GPU time of 400 memsets of 256 MiB: %.2f ms alone, %.2f ms while a helper thread makes and drops "
+      "pages (%.1f pages/ms), best of %zu\n",
+      best_alone, best_with, with_rate, repeat);
+  std::printf(
+      "\ncreate+map+access on this thread: %.2f us/page on an idle GPU, %.2f us/page with %.1f ms of "
+      "memsets queued (%s when the calls returned)\n",
+      idle, busy, q < 0 ? -q : q, q < 0 ? "finished" : "still running");
 
   // Whether new pages cost the GPU on first use: a memset over pages just
   // created and mapped, then the same memset again.
@@ -274,8 +279,8 @@ int main(int argc, char** argv) {
     float first = 0, second = 0;
     CK(cuEventElapsedTime(&first, e[0], e[1]));
     CK(cuEventElapsedTime(&second, e[1], e[2]));
-    std::printf("memset of %zu MiB on pages just mapped: %.3f ms the first time, %.3f ms the second\n",
-                pages * g >> 20, first, second);
+    std::printf("memset of %zu MiB on pages just mapped: %.3f ms the first time, %.3f ms the second\n", pages * g >> 20,
+                first, second);
     for (auto& x : e) CK(cuEventDestroy(x));
     CK(cuMemUnmap(va, pages * g));
     for (auto x : h) CK(cuMemRelease(x));

@@ -40,7 +40,8 @@ pool_options ahead(std::size_t bytes) {
 // Counts the calls each thread makes; fails every k-th create or map when asked.
 class counting_device final : public page_device {
  public:
-  explicit counting_device(std::shared_ptr<page_device> in, int fail_every = 0) : in_(std::move(in)), every_(fail_every) {}
+  explicit counting_device(std::shared_ptr<page_device> in, int fail_every = 0)
+      : in_(std::move(in)), every_(fail_every) {}
   std::size_t granularity() const noexcept override { return in_->granularity(); }
   std::size_t capacity() const noexcept override { return in_->capacity(); }
   std::size_t created_bytes() const noexcept override { return in_->created_bytes(); }
@@ -49,6 +50,8 @@ class counting_device final : public page_device {
   page_handle create() override {
     count();
     if (every_ && ++calls_ % every_ == 0) throw cuda_error("injected create failure", 1);
+    if (fail_main_creates && std::this_thread::get_id() != helper_.load())
+      throw cuda_error("injected create failure on the allocating thread", 1);
     return in_->create();
   }
   void destroy(page_handle h) noexcept override { in_->destroy(h); }
@@ -65,13 +68,12 @@ class counting_device final : public page_device {
   device_properties properties() const override { return in_->properties(); }
 
   std::atomic<long> main_calls{0}, helper_calls{0};
+  std::atomic<bool> fail_main_creates{false};
 
  private:
   void count() {
-    if (std::this_thread::get_id() == helper_.load())
-      ++helper_calls;
-    else
-      ++main_calls;
+    if (std::this_thread::get_id() == helper_.load()) ++helper_calls;
+    else ++main_calls;
   }
   std::shared_ptr<page_device> in_;
   int every_;
@@ -87,6 +89,7 @@ TEST(pool_ahead, growth_finds_its_pages_made_ahead) {
   ASSERT_TRUE(eventually([&] { return pool.counters().pages_made_ahead >= 4; }));
   pool.check_invariants();
   EXPECT_EQ(pool.state().reserved_bytes, 16 * MiB);
+  EXPECT_EQ(pool.usage().ahead, 4u);
   const long main_before = dev->main_calls.load();
   void* b = pool.allocate(8 * MiB, 0);  // placed over the pages made ahead: no call here
   EXPECT_EQ(dev->main_calls.load(), main_before) << "the allocating thread called the device";
@@ -100,6 +103,55 @@ TEST(pool_ahead, growth_finds_its_pages_made_ahead) {
   EXPECT_EQ(pool.state().live_bytes, 16 * MiB);
   pool.deallocate(a, 8 * MiB, 0);
   pool.deallocate(b, 8 * MiB, 0);
+}
+
+TEST(pool_ahead, a_block_that_fails_to_be_backed_gives_the_pages_made_ahead_back) {
+  auto dev = std::make_shared<counting_device>(std::make_shared<host_page_device>(4 * GiB));
+  pool_resource pool(dev, nullptr, ahead(16 * MiB));
+  void* a = pool.allocate(8 * MiB, 0);
+  ASSERT_TRUE(eventually([&] { return pool.counters().pages_made_ahead >= 4; }));
+  // 16 MiB: 4 pages made ahead and 4 more to create here, which fails.
+  dev->fail_main_creates = true;
+  EXPECT_THROW(pool.allocate(16 * MiB, 0), cuda_error);
+  pool.check_invariants();
+  EXPECT_EQ(pool.counters().pages_ahead_used, 0u);
+  dev->fail_main_creates = false;
+  void* b = pool.allocate(16 * MiB, 0);
+  std::memset(b, 3, 16 * MiB);
+  pool.check_invariants();
+  EXPECT_GE(pool.counters().pages_ahead_used, 4u);
+  pool.deallocate(a, 8 * MiB, 0);
+  pool.deallocate(b, 16 * MiB, 0);
+}
+
+TEST(pool_ahead, after_a_trim_the_lead_is_made_where_the_next_blocks_go) {
+  auto host = std::make_shared<host_page_device>(4 * GiB);
+  pool_resource pool(host, nullptr, ahead(64 * MiB));
+  void* big = pool.allocate(256 * MiB, 0);
+  pool.deallocate(big, 256 * MiB, 0);
+  pool.release_cached();  // every page goes; the highest page ever mapped stays high
+  const std::size_t made = pool.counters().pages_made_ahead;
+  std::vector<void*> ps{pool.allocate(8 * MiB, 0)};
+  ASSERT_TRUE(eventually([&] { return pool.counters().pages_made_ahead > made; }));
+  for (int i = 0; i < 20; ++i) ps.push_back(pool.allocate(8 * MiB, 0));  // the first takes the lead
+  pool.check_invariants();
+  EXPECT_GE(pool.counters().pages_ahead_used, 4u);
+  for (void* p : ps) pool.deallocate(p, 8 * MiB, 0);
+}
+
+TEST(pool_ahead, no_lead_past_the_release_threshold) {
+  auto host = std::make_shared<host_page_device>(4 * GiB);
+  pool_options o = ahead(64 * MiB);
+  o.release_threshold = 0;
+  pool_resource pool(host, nullptr, o);
+  for (int i = 0; i < 50; ++i) {
+    void* p = pool.allocate((4 + i % 7) * MiB, 0);
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    pool.deallocate(p, 0, 0);
+    pool.check_invariants();
+    EXPECT_EQ(pool.state().reserved_bytes, 0u) << "step " << i;
+  }
+  EXPECT_EQ(pool.counters().pages_made_ahead, 0u);
 }
 
 TEST(pool_ahead, the_lead_is_a_32nd_of_the_pool_within_map_ahead) {
@@ -133,13 +185,16 @@ TEST(pool_ahead, churn_of_new_shapes_stays_within_the_slack_and_one_lead) {
     if (pin) pool.deallocate(pin, 0, 0);
     prev = x;
     pin = q;
-    std::this_thread::sleep_for(std::chrono::milliseconds(2));  // the helper catches up
+    if (i == 0) {  // the next block finds the first lead (later ones race with the helper)
+      ASSERT_TRUE(eventually([&] { return pool.counters().pages_made_ahead >= 4; }));
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
   }
   pool.check_invariants();
   // At most the slack (2 %) and one lead over the peak live bytes.
   const auto s = pool.state();
-  EXPECT_LE(s.reserved_bytes, static_cast<std::size_t>(static_cast<double>(s.peak_live_bytes) * (1.02 + 1.0 / 32)) +
-                                  8 * MiB);
+  EXPECT_LE(s.reserved_bytes,
+            static_cast<std::size_t>(static_cast<double>(s.peak_live_bytes) * (1.02 + 1.0 / 32)) + 8 * MiB);
   EXPECT_GT(pool.counters().pages_ahead_used, 0u);
   pool.deallocate(prev, 0, 0);
   pool.deallocate(pin, 0, 0);
@@ -155,6 +210,23 @@ TEST(pool_ahead, release_cached_gives_the_pages_made_ahead_back) {
   EXPECT_EQ(pool.state().reserved_bytes, 6 * MiB);
   EXPECT_EQ(host->created_bytes(), 6 * MiB);
   pool.deallocate(a, 6 * MiB, 0);
+  pool.release_cached();
+  EXPECT_EQ(host->created_bytes(), 0u);
+}
+
+TEST(pool_ahead, after_release_cached_no_page_is_made_until_the_pool_grows_again) {
+  auto host = std::make_shared<host_page_device>(4 * GiB);
+  pool_resource pool(host, nullptr, ahead(64 * MiB));
+  std::vector<void*> ps;
+  for (int i = 0; i < 30; ++i) {
+    ps.push_back(pool.allocate(16 * MiB, 0));  // grows: the helper is woken, maybe mid-batch below
+    pool.release_cached();
+    EXPECT_EQ(pool.state().reserved_bytes, pool.state().live_bytes) << "step " << i;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    EXPECT_EQ(pool.state().reserved_bytes, pool.state().live_bytes) << "made after release_cached, step " << i;
+    pool.check_invariants();
+  }
+  for (void* p : ps) pool.deallocate(p, 16 * MiB, 0);
   pool.release_cached();
   EXPECT_EQ(host->created_bytes(), 0u);
 }
@@ -189,7 +261,7 @@ TEST(pool_ahead, pages_made_ahead_serve_a_block_elsewhere_when_the_pool_may_not_
   pool_options o = ahead(16 * MiB);
   o.reserve_limit = 32 * MiB;
   pool_resource pool(host, nullptr, o);
-  void* a = pool.allocate(24 * MiB, 0);  // 12 pages, 4 made ahead
+  void* a = pool.allocate(24 * MiB, 0);                                              // 12 pages, 4 made ahead
   ASSERT_TRUE(eventually([&] { return pool.state().reserved_bytes == 32 * MiB; }));  // the limit
   // A small request needs a page of the small arena; none may be created:
   // one made ahead in the large arena serves, without the out-of-memory path

@@ -45,7 +45,7 @@ struct pool_options {
   // as it does in every step of a repeating workload, no map call is made.
   bool keep_mappings = true;
   // While the pool grows, a helper thread keeps new pages created and mapped
-  // just above the large arena's highest page, so that the next blocks find
+  // just past the large arena's highest page in use, so that the next blocks find
   // their pages ready and the driver's calls run off the allocating thread:
   // a 32nd of the pool's pages (at least 4), at most map_ahead bytes (0: off).
   // They count as reserved; a request elsewhere takes them before stealing.

@@ -164,7 +164,7 @@ free_status pool_resource::impl::deallocate(void* ptr, std::size_t bytes, stream
   }
   b->unmapped = 0;
   slots.free_into(b, slots.slot_for(b->stream), ++free_seq, blocks);
-  if (opt.release_threshold != std::numeric_limits<std::size_t>::max()) trim_to(opt.release_threshold);
+  if (opt.release_threshold != std::numeric_limits<std::size_t>::max()) trim_to(opt.release_threshold, true);
   return free_status::ok;
 }
 

@@ -87,6 +87,7 @@ class pool_resource final : public device_resource {
     std::size_t live_overlap[2] = {0, 0};
     std::size_t free_interior_mapped[2] = {0, 0};
     std::size_t spare = 0;
+    std::size_t ahead = 0;  // map_ahead: pages made ahead, and the batch being made
   };
   page_usage usage() const;
 

@@ -200,6 +200,7 @@ pool_resource::page_usage pool_resource::impl::usage() const {
     }
   }
   u.spare = spare_handles.size();
+  u.ahead = held_ahead_bytes() / page;
   return u;
 }
 

@@ -70,7 +70,8 @@
 //   return home  Reordering the pages supplied for a block so each goes back to
 //                an address that still maps it (a reused mapping, no call).
 //   made ahead   (map_ahead) A page the helper thread created and mapped just
-//                above the large arena's top before any block needed it
+//                past the large arena's highest page in use before any block
+//                needed it
 //                (ahead bit, `phys[p]` set, `handles[p]` 0). A block placed
 //                over it takes it as it is; a block elsewhere may take it when
 //                no page may be created. `inflight` is the batch being made.

@@ -1,7 +1,7 @@
 // Page supply ahead (map_ahead): while the pool grows, a helper thread
-// creates pages and maps them just above the large arena's top, a batch at a
-// time, so that the next blocks placed there find them ready (use_ahead: no
-// driver call on the allocating thread). The driver runs page calls one at a
+// creates pages and maps them just past the large arena's highest page in
+// use, a batch at a time, so that the next blocks placed there find them
+// ready (use_ahead: no driver call on the allocating thread). The driver runs page calls one at a
 // time whichever thread makes them, but not while holding up the launches of
 // other threads (cpp/bench/vmm_overlap.cpp measures both), so the calls the
 // helper makes are time the allocating thread no longer spends.
@@ -10,6 +10,7 @@
 // reserved from then on) and to publish it (apply_ahead); it makes the calls
 // without it. A placement over a batch still being made waits for it.
 #include <algorithm>
+#include <limits>
 #include <vector>
 
 #include "pool_impl.hpp"
@@ -48,6 +49,7 @@ void pool_resource::impl::wake_ahead() {
 // made on this thread (the pool grew), `used` pages made ahead taken.
 void pool_resource::impl::after_backing(std::size_t created, std::size_t used) noexcept {
   if (!created && !used) return;
+  ahead_held = false;
   try {
     wake_ahead();
   } catch (...) {
@@ -82,18 +84,23 @@ void pool_resource::impl::ahead_loop() {
   }
 }
 
-// With the lock: claims the next batch above the large arena's top, within
-// the target and the reserve limit. False when there is nothing to do.
+// With the lock: claims the next batch past the large arena's highest page
+// in use, within the target, the reserve limit and the release threshold.
+// False when there is nothing to do.
 bool pool_resource::impl::claim_ahead() {
-  if (inflight.active || ahead_failed) return false;
+  if (inflight.active || ahead_failed || ahead_held) return false;
   detail::arena* a = nullptr;
   for (auto* x : arenas)
     if (x->paged && !x->small) a = x;
   const std::size_t target = ahead_target();
   if (!a || ahead_pages >= target) return false;
   std::size_t k = std::min(ahead_batch_pages, target - ahead_pages);
-  k = std::min(k, a->handles.size() - a->top);
   k = std::min(k, reserved < limit ? (limit - reserved) / page : 0);
+  // No lead past the release threshold: cached memory above it is given back.
+  if (opt.release_threshold != std::numeric_limits<std::size_t>::max()) {
+    const std::size_t cached = reserved > live_bytes ? reserved - live_bytes : 0;
+    k = std::min(k, cached < opt.release_threshold ? (opt.release_threshold - cached) / page : 0);
+  }
   if (!k) return false;
   // Only while the pool's own pages (those made ahead aside) are within the
   // growth slack of the peak live bytes: when blocks of new shapes take the
@@ -101,11 +108,24 @@ bool pool_resource::impl::claim_ahead() {
   // and no more are made. (Letting the helper also follow the pages the
   // allocating thread created past the slack raised BERT's peak reserved
   // memory on an H200 from 2,720 to 3,164 MiB.)
-  if (opt.remap && static_cast<double>(reserved - held_ahead_bytes()) >
-                       (1.0 + opt.growth_slack) * static_cast<double>(peak_live))
+  if (opt.remap &&
+      static_cast<double>(reserved - held_ahead_bytes()) > (1.0 + opt.growth_slack) * static_cast<double>(peak_live))
     return false;
+  // Where the next blocks go: just past the highest page mapped or made
+  // ahead (after a trim that can be far below `top`), over pages that no
+  // mapping is kept at and no old address waits on; as many of them in a row
+  // as are free, up to k.
+  std::size_t first = a->top ? last_backed_page(a, 0, a->top - 1) : 0;
+  if (a->top && (a->mapped(first) || a->ahead(first))) ++first;
+  while (first < a->top && (a->phys[first] || a->zombie(first))) ++first;
+  std::size_t run = 0;
+  while (run < k && first + run < a->handles.size() &&
+         (first + run >= a->top || (!a->phys[first + run] && !a->zombie(first + run))))
+    ++run;
+  if (!run) return false;
+  k = run;
   inflight.a = a;
-  inflight.first = a->top;
+  inflight.first = first;
   inflight.count = k;
   inflight.made.clear();
   inflight.done.store(false, std::memory_order_relaxed);
@@ -144,7 +164,7 @@ void pool_resource::impl::apply_ahead() {
     b.a->phys[b.first + i] = b.made[i];
     b.a->set_ahead(b.first + i, true);
   }
-  if (n) b.a->top = std::max(b.a->top, b.first + n);
+  if (n) b.a->top = std::max(b.a->top, b.first + n);  // (the batch may lie below it after a trim)
   ahead_pages += n;
   reserved -= (b.count - n) * page;
   ctr.pages_created += n;
@@ -168,10 +188,8 @@ void pool_resource::impl::wait_ahead() {
 // the ahead pages there become its own. Returns how many.
 std::size_t pool_resource::impl::use_ahead(detail::arena* a, std::size_t p0, std::size_t p1) {
   if (inflight.active) {
-    if (inflight.a == a && inflight.first <= p1 && inflight.first + inflight.count > p0)
-      wait_ahead();
-    else
-      apply_ahead();
+    if (inflight.a == a && inflight.first <= p1 && inflight.first + inflight.count > p0) wait_ahead();
+    else apply_ahead();
   }
   ahead_took.clear();
   if (!ahead_pages) return 0;
@@ -204,8 +222,8 @@ void pool_resource::impl::unuse_ahead(detail::arena* a) {
 }
 
 // With the lock: up to `want` ahead pages for a block elsewhere (when no new
-// page may be created), the highest first. Their mapping above the top stays
-// as a kept one (keep_mappings) or goes.
+// page may be created), the highest first. Their mapping where they were
+// made stays as a kept one (keep_mappings) or goes.
 std::size_t pool_resource::impl::take_ahead(std::size_t want, std::vector<page_handle>& out) {
   std::size_t got = 0;
   for (auto* a : arenas) {
@@ -230,10 +248,13 @@ std::size_t pool_resource::impl::take_ahead(std::size_t want, std::vector<page_h
 }
 
 // With the lock: gives every ahead page back to the device (trim, the
-// out-of-memory path), after the batch being made.
-void pool_resource::impl::drop_ahead() {
-  wait_ahead();
+// out-of-memory path), after the batch being made (or, without `wait`, only
+// those published: the batch stays with the helper).
+void pool_resource::impl::drop_ahead(bool wait) {
+  if (wait) wait_ahead();
+  else apply_ahead();
   ahead_failed = false;
+  ahead_held = true;  // the helper makes no more until the pool grows again
   if (!ahead_pages) return;
   std::size_t n = 0;
   for (auto* a : arenas) {

@@ -78,6 +78,24 @@ inline std::size_t last_mapped_page(const arena* a, std::size_t lo, std::size_t 
   return lo;
 }
 
+// The highest page in [lo, hi] that is mapped or made ahead (map_ahead), or
+// lo when none is: where placement stops looking for cheaper places.
+inline std::size_t last_backed_page(const arena* a, std::size_t lo, std::size_t hi) {
+  std::size_t p = hi + 1;
+  while (p > lo) {
+    std::size_t w = (p - 1) >> 6;
+    std::uint64_t bits = a->mapped_bits[w] | a->ahead_bits[w];
+    std::size_t top = (p - 1) & 63;
+    bits &= top == 63 ? ~std::uint64_t{0} : ((std::uint64_t{1} << (top + 1)) - 1);
+    if (bits) {
+      std::size_t q = (w << 6) + 63 - static_cast<std::size_t>(std::countl_zero(bits));
+      return q >= lo ? q : lo;
+    }
+    p = w << 6;
+  }
+  return lo;
+}
+
 // Unmapped pages lying wholly inside [addr, addr+size) of arena a (pages of
 // `page` bytes).
 inline std::size_t unmapped_inside(const arena* a, std::size_t page, std::uintptr_t addr, std::size_t size) {

@@ -31,7 +31,21 @@ bool pool_resource::impl::back(detail::arena* a, std::uintptr_t addr, std::size_
       if (on) self->after_backing(self->ctr.pages_created - self->ctr.pages_made_ahead - made0, used);
     }
   } wake{this, opt.map_ahead && !a->small, ctr.pages_created - ctr.pages_made_ahead, used};
-  if (n == 0) return true;
+  // Unless the block ends up backed, the pages made ahead that it took are
+  // made ahead again (acquire fails, or anything below throws): it goes back
+  // free with the unmapped count it had.
+  struct give_back_ahead {
+    impl* self;
+    detail::arena* a;
+    bool armed;
+    ~give_back_ahead() {
+      if (armed) self->unuse_ahead(a);
+    }
+  } undo{this, a, used > 0};
+  if (n == 0) {
+    undo.armed = false;
+    return true;
+  }
   if (!deferred.empty()) {
     flush_deferred();
     clear_zombies(a, p0, p1);
@@ -44,10 +58,7 @@ bool pool_resource::impl::back(detail::arena* a, std::uintptr_t addr, std::size_
   const bool edge1 = p1 != p0 && !inside(p1) && !a->mapped(p1);
   const std::size_t clean = std::size_t{edge0} + std::size_t{edge1};
   thread_local std::vector<page_handle> got, hs;
-  if (!acquire(n, need_live, slot, got, clean)) {
-    if (used) unuse_ahead(a);  // the block goes back free, hollow where it was
-    return false;
-  }
+  if (!acquire(n, need_live, slot, got, clean)) return false;
   // In page order: the clean ones at the edges, the rest in between.
   hs.clear();
   {
@@ -113,11 +124,11 @@ bool pool_resource::impl::back(detail::arena* a, std::uintptr_t addr, std::size_
       }
     for (std::size_t q = p0; q <= p1; ++q)
       if (!a->mapped(q)) a->handles[q] = 0;
-    if (used) unuse_ahead(a);
     settle_deferred(0);
     spare_handles.insert(spare_handles.end(), hs.begin(), hs.end());
     throw;
   }
+  undo.armed = false;
   return true;
 }
 

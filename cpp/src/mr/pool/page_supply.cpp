@@ -176,7 +176,7 @@ bool pool_resource::impl::acquire_some(std::size_t n, std::size_t need_live, std
         continue;
       }
     }
-    // Pages made ahead above the top, before free pages of blocks are moved.
+    // Pages made ahead (map_ahead), before free pages of blocks are moved.
     if (ahead_pages && take_ahead(n - out.size(), out)) continue;
     if (opt.remap) {
       if (steal(0, n - out.size(), out)) continue;

@@ -62,7 +62,7 @@ block* pool_resource::impl::best_hollow(std::size_t size, bool small, std::uint3
       if (x == b->addr) x += page;
       if (x > last_start) return;
       std::size_t hi_page = (b->addr + b->size - 1 - a->base) / page;
-      std::size_t last_mapped = last_mapped_page(a, p0, hi_page);
+      std::size_t last_mapped = opt.map_ahead ? last_backed_page(a, p0, hi_page) : last_mapped_page(a, p0, hi_page);
       pages_of(x, p0, p1);
       c = 0;
       for (std::size_t p = p0; p <= p1; ++p) c += page_cost(a, p);

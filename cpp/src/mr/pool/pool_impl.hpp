@@ -6,7 +6,7 @@
 //   placement.cpp      where a request goes: fit, hollow places, runs, splits
 //   page_supply.cpp    physical pages for a placement: spares, new pages, steals
 //   page_mapping.cpp   mapping pages under a block; kept and deferred mappings
-//   page_ahead.cpp     map_ahead: pages made ready above the top on a helper thread
+//   page_ahead.cpp     map_ahead: pages made ready on a helper thread where the pool grows
 //   stream_reuse.cpp   frees on other streams: pending blocks, slot reclaims
 //   release.cpp        giving memory back: trim, release_cached, segments
 //   diagnostics.cpp    invariants, reports, the out-of-memory message
@@ -75,10 +75,10 @@ struct pool_resource::impl {
   std::vector<deferred_unmap> deferred;
   detail::block_pool blocks;
   // Page supply ahead (map_ahead, page_ahead.cpp): pages the helper thread
-  // made above the large arena's top (arena::ahead_bits), and the one batch
-  // it is making now. The batch's pages count as reserved from the moment
-  // they are claimed; `made` is written by the helper without the lock and
-  // read under it once `done` is set.
+  // made past the large arena's highest page in use (arena::ahead_bits), and
+  // the one batch it is making now. The batch's pages count as reserved from
+  // the moment they are claimed; `made` is written by the helper without the
+  // lock and read under it once `done` is set.
   struct ahead_batch {
     detail::arena* a = nullptr;
     std::size_t first = 0, count = 0;  // the claimed pages [first, first + count)
@@ -90,8 +90,9 @@ struct pool_resource::impl {
   std::size_t ahead_pages = 0;  // pages with their ahead bit set
   std::vector<std::size_t> ahead_took;  // the pages use_ahead gave the block being backed
   bool ahead_failed = false;    // the device refused a page: no more until memory is given back
+  bool ahead_held = false;      // given back (trim, empty_cache): no more until the pool grows again
   std::thread ahead_thread;
-  std::mutex ahead_mu;  // guards the two flags below (never held with mu)
+  std::mutex ahead_mu;  // guards the two flags below (taken after mu, never before it)
   std::condition_variable ahead_cv;
   bool ahead_wake = false, ahead_stop = false;
 
@@ -155,7 +156,7 @@ struct pool_resource::impl {
   std::size_t use_ahead(detail::arena* a, std::size_t p0, std::size_t p1);
   void unuse_ahead(detail::arena* a);
   std::size_t take_ahead(std::size_t want, std::vector<page_handle>& out);
-  void drop_ahead();
+  void drop_ahead(bool wait = true);
   void stop_ahead() noexcept;
   std::size_t held_ahead_bytes() const { return (ahead_pages + (inflight.active ? inflight.count : 0)) * page; }
 
@@ -166,7 +167,7 @@ struct pool_resource::impl {
 
   // ---- release (release.cpp) ---------------------------------------------
   void destroy_spares();
-  void trim_to(std::size_t target);
+  void trim_to(std::size_t target, bool on_free = false);
   void release_cached();
   bool grow_segment(std::size_t size, bool small, stream_t stream);
   std::size_t release_free_segments();

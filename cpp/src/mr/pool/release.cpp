@@ -21,7 +21,9 @@ void pool_resource::impl::destroy_spares() {
 }
 
 // Gives back physical memory held by free blocks until cached <= target.
-void pool_resource::impl::trim_to(std::size_t target) {
+// (on_free: called by a free over release_threshold, which does not wait for
+// a batch of pages the helper is making.)
+void pool_resource::impl::trim_to(std::size_t target, bool on_free) {
   auto cached = [&] { return reserved > live_bytes ? reserved - live_bytes : 0; };
   if (cached() <= target) return;
   if (upstream) {
@@ -29,7 +31,9 @@ void pool_resource::impl::trim_to(std::size_t target) {
     return;
   }
   destroy_spares();
-  drop_ahead();
+  // Pages made ahead go only when giving back the spares was not enough (and
+  // a batch still being made is not waited for on a free).
+  if (cached() > target) drop_ahead(!on_free);
   reclaim_streams(false);
   // Pages are destroyed only once mapped nowhere else: what reached the
   // shared slot has its old addresses' work done, so they go first.
@@ -53,6 +57,7 @@ void pool_resource::impl::release_cached() {
   process_pending(true);
   reclaim_streams(true);
   settle_deferred(0);
+  drop_ahead();  // also holds the helper until the pool grows again
   trim_to(0);
 }
 
