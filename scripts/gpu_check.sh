@@ -5,7 +5,7 @@
 #   VRAMKIT_TRACE_DIR         *.trace.csv files for the anchors' harness
 #   VRAMKIT_ANCHORS_DIR       the anchors' harness (anchors.py, replay_cuda.cu)
 #   VRAMKIT_GPU_BENCH         comma-separated GPU benchmarks to run after the tests:
-#                             quant, emul (needs VRAMKIT_TRACE_DIR), checkpoint, e2e
+#                             quant, emul (needs VRAMKIT_TRACE_DIR), checkpoint, e2e, access
 #                             (each takes minutes: split them over calls of a time-limited machine)
 #   VRAMKIT_GPU_TESTS=0       skip the build and the tests (benchmarks only)
 set -uo pipefail
@@ -69,6 +69,11 @@ fi
 if [[ $bench == *,e2e,* ]]; then
   echo "== end to end: seven workloads under PyTorch's default, expandable_segments and vramkit"
   python3 benchmarks/gpu_end_to_end.py --json "$out/e2e.json" 2>"$out/e2e-progress.log" | tee "$out/e2e.txt" | tail -40
+  [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if [[ $bench == *,access,* ]]; then
+  echo "== the same kernels over cudaMalloc memory and over vramkit's mapped pages"
+  python3 benchmarks/vmm_access_bench.py --json "$out/vmm-access.json" 2>&1 | tee "$out/vmm-access.txt"
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 fi
 if [ -n "${VRAMKIT_TRACE_DIR:-}" ] && [ -n "${VRAMKIT_ANCHORS_DIR:-}" ]; then

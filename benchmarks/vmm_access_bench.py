@@ -1,0 +1,116 @@
+"""Do kernels run slower on memory vramkit maps page by page than on cudaMalloc memory?
+
+The end-to-end suite (gpu_end_to_end.py) measures whole training steps in separate processes,
+where the host's noise is as large as the differences sought: some warm steps under vramkit
+(and under PyTorch's expandable_segments) ran 15-40 % slower with no page operation at all
+(MoE, ViT). This benchmark asks the GPU-side question alone, in one process, with the same
+tensors and indices: the same kernels over buffers of the same size taken from
+
+- ``cudaMalloc``: PyTorch's allocator (one segment);
+- ``vmm``: vramkit's page resource (a reservation mapped with one 2 MiB handle per page);
+- ``pool``: vramkit's pool over the vmm device (2 MiB pages, as ``vramkit.torch.use()`` gives);
+- ``pool-8MiB``: the same with ``page_size:8MiB``.
+
+Kernels: a sequential copy, a gather of random rows (``index_select``, as an MoE layer routes
+tokens), a scatter-add of random rows (``index_add_``), and a gather of random 2-byte elements
+(``take``: the worst case for address translation). Each is timed with CUDA events, the memories
+interleaved round by round; the table prints the median over rounds and the ratio to cudaMalloc.
+
+    python3 benchmarks/vmm_access_bench.py [--gib 4] [--rounds 15] [--json out.json]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--gib", type=float, default=4.0, help="size of each source buffer (GiB, default 4)")
+    ap.add_argument("--rounds", type=int, default=15, help="rounds; each times every kernel on every memory")
+    ap.add_argument("--json", default="", help="also write the results here")
+    a = ap.parse_args(argv)
+    if a.gib <= 0 or a.rounds < 1:
+        ap.error("--gib must be > 0 and --rounds >= 1")
+    try:
+        import torch
+    except ImportError:
+        print("vmm_access_bench: needs PyTorch", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("vmm_access_bench: needs a CUDA GPU", file=sys.stderr)
+        return 2
+    import vramkit
+
+    dev = torch.device("cuda", 0)
+    nbytes = int(a.gib * (1 << 30)) // (1 << 21) * (1 << 21)
+    width = 1024  # fp16 elements per row: 2 KiB rows
+    rows = nbytes // (2 * width)
+
+    keep = []  # vramkit buffers stay alive as long as their tensors
+
+    def from_vramkit(spec: str):
+        res = vramkit.make_resource(spec, 0)
+        vramkit.set_current_resource(res, 0)
+        buf = vramkit.alloc(nbytes)
+        keep.append((res, buf))
+        return torch.from_dlpack(buf).view(torch.float16).view(rows, width)
+
+    memories = {"cudaMalloc": torch.empty(rows, width, dtype=torch.float16, device=dev)}
+    default_resource = vramkit.get_current_resource(0)
+    for name, spec in (("vmm", "vmm"), ("pool", "pool:upstream=vmm"),
+                       ("pool-8MiB", "pool:upstream=vmm,page_size:8MiB")):
+        memories[name] = from_vramkit(spec)
+    vramkit.set_current_resource(default_resource, 0)
+    g = torch.Generator(device=dev).manual_seed(0)
+    for t in memories.values():
+        t.normal_(generator=g)
+    picks = rows // 4
+    idx = torch.randint(0, rows, (picks,), device=dev, generator=g)
+    vals = torch.randn(picks, width, dtype=torch.float16, device=dev, generator=g)
+    flat_idx = torch.randint(0, rows * width, (picks * width // 8,), device=dev, generator=g)
+    out_rows = torch.empty(picks, width, dtype=torch.float16, device=dev)
+    copy_dst = torch.empty(rows, width, dtype=torch.float16, device=dev)
+
+    kernels = {
+        "copy (sequential)": lambda t: copy_dst.copy_(t),
+        "gather rows (index_select)": lambda t: torch.index_select(t, 0, idx, out=out_rows),
+        "scatter-add rows (index_add_)": lambda t: t.index_add_(0, idx, vals),
+        "gather elements (take)": lambda t: torch.take(t.view(-1), flat_idx),
+    }
+    times = {(k, m): [] for k in kernels for m in memories}
+    start, stop = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for r in range(a.rounds + 1):  # round 0 warms up
+        for k, fn in kernels.items():
+            for m, t in memories.items():
+                start.record()
+                fn(t)
+                stop.record()
+                stop.synchronize()
+                if r:
+                    times[(k, m)].append(start.elapsed_time(stop))
+    names = list(memories)
+    print(f"{torch.cuda.get_device_name(0)}, torch {torch.__version__}; buffers of {nbytes / (1 << 30):.2f} GiB, "
+          f"median ms of {a.rounds} rounds (ratio to cudaMalloc)")
+    print(f"| kernel | {' | '.join(names)} |\n|---|{'---|' * len(names)}")
+    res = {"device": torch.cuda.get_device_name(0), "bytes": nbytes, "rounds": a.rounds, "ms": {}}
+    for k in kernels:
+        base = statistics.median(times[(k, "cudaMalloc")])
+        cells = []
+        for m in names:
+            med = statistics.median(times[(k, m)])
+            res["ms"][f"{k} / {m}"] = med
+            cells.append(f"{med:.3f}" + ("" if m == "cudaMalloc" else f" ({med / base:.3f}x)"))
+        print(f"| {k} | {' | '.join(cells)} |")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+    del memories
+    keep.clear()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
