@@ -1,9 +1,10 @@
 """Do kernels run slower on memory vramkit maps page by page than on cudaMalloc memory?
 
 The end-to-end suite (gpu_end_to_end.py) measures whole training steps in separate processes,
-where the host's noise is as large as the differences sought: some warm steps under vramkit
-(and under PyTorch's expandable_segments) ran 15-40 % slower with no page operation at all
-(MoE, ViT). This benchmark asks the GPU-side question alone, in one process, with the same
+where the host's noise is as large as the differences sought. In one repeat on an H200, an MoE's
+later steps took 166-207 ms under vramkit with no page operation, 157-194 under PyTorch's
+expandable_segments and 110-141 under its default. In another repeat of the same run the default
+was the slowest. This benchmark asks the GPU-side question alone, in one process, with the same
 tensors and indices: the same kernels over buffers of the same size taken from
 
 - ``cudaMalloc``: PyTorch's allocator (one segment);
