@@ -13,6 +13,8 @@
 // thread's wall time, and the helper's pages per millisecond.
 #include <cuda.h>
 
+#include "vmm_common.hpp"
+
 #include <algorithm>
 #include <atomic>
 #include <chrono>
@@ -25,15 +27,6 @@
 
 namespace {
 using clk = std::chrono::steady_clock;
-
-void check(CUresult r, const char* what) {
-  if (r == CUDA_SUCCESS) return;
-  const char* name = "?";
-  cuGetErrorName(r, &name);
-  std::fprintf(stderr, "%s failed: %s\n", what, name);
-  std::exit(1);
-}
-#define CK(call) check((call), #call)
 
 struct result {
   double p50 = 0, p99 = 0, max = 0, mean = 0, wall_ms = 0, helper_pages_per_ms = 0;
@@ -56,21 +49,12 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "vramkit_vmm_overlap: --launches, --pages and --repeat must be at least 1\n");
     return 2;
   }
-  CK(cuInit(0));
-  CUdevice dev;
-  CK(cuDeviceGet(&dev, 0));
-  CUcontext ctx;
-  CK(cuDevicePrimaryCtxRetain(&ctx, dev));
-  CK(cuCtxSetCurrent(ctx));
-  CUmemAllocationProp prop{};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = 0;
-  std::size_t g = 0;
-  CK(cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
-  CUmemAccessDesc acc{};
-  acc.location = prop.location;
-  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  vmm_bench::device0 d;
+  const CUdevice dev = d.dev;
+  const CUcontext ctx = d.ctx;
+  const CUmemAllocationProp prop = d.prop;
+  const CUmemAccessDesc acc = d.acc;
+  const std::size_t g = d.g;
   CUdeviceptr va = 0;
   CK(cuMemAddressReserve(&va, pages * g, g, 0, 0));
 
@@ -120,7 +104,7 @@ int main(int argc, char** argv) {
       if ((i & 15) == 15) {
         CK(cuEventRecord(ev, stream));
         CUresult q = cuEventQuery(ev);
-        if (q != CUDA_SUCCESS && q != CUDA_ERROR_NOT_READY) check(q, "cuEventQuery");
+        if (q != CUDA_SUCCESS && q != CUDA_ERROR_NOT_READY) vmm_bench::check(q, "cuEventQuery");
       }
       t[i] = std::chrono::duration<double, std::micro>(clk::now() - t0).count();
     }
@@ -181,7 +165,7 @@ int main(int argc, char** argv) {
       }
       double us = std::chrono::duration<double, std::micro>(clk::now() - t0).count();
       CUresult q = cuEventQuery(e1);
-      if (q != CUDA_SUCCESS && q != CUDA_ERROR_NOT_READY) check(q, "cuEventQuery");
+      if (q != CUDA_SUCCESS && q != CUDA_ERROR_NOT_READY) vmm_bench::check(q, "cuEventQuery");
       bool still_busy = q == CUDA_ERROR_NOT_READY;
       for (std::size_t k = 0; k < pages; ++k) {
         CK(cuMemUnmap(va + k * g, g));

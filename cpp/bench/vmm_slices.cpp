@@ -9,6 +9,8 @@
 // Prints microseconds per 2 MiB page for each call, best of R runs.
 #include <cuda.h>
 
+#include "vmm_common.hpp"
+
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -18,15 +20,6 @@
 
 namespace {
 using clk = std::chrono::steady_clock;
-
-void check(CUresult r, const char* what) {
-  if (r == CUDA_SUCCESS) return;
-  const char* name = "?";
-  cuGetErrorName(r, &name);
-  std::fprintf(stderr, "%s failed: %s\n", what, name);
-  std::exit(1);
-}
-#define CK(call) check((call), #call)
 
 double us(clk::time_point t0, std::size_t n) {
   return std::chrono::duration<double, std::micro>(clk::now() - t0).count() / static_cast<double>(n);
@@ -49,25 +42,13 @@ int main(int argc, char** argv) {
       return 2;
     }
   }
-  CK(cuInit(0));
-  CUdevice dev;
-  CK(cuDeviceGet(&dev, 0));
-  CUcontext ctx;
-  CK(cuDevicePrimaryCtxRetain(&ctx, dev));
-  CK(cuCtxSetCurrent(ctx));
-  CUmemAllocationProp prop{};
-  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
-  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  prop.location.id = 0;
-  std::size_t g = 0;
-  CK(cuMemGetAllocationGranularity(&g, &prop, CU_MEM_ALLOC_GRANULARITY_MINIMUM));
-  const std::size_t page = g;  // 2 MiB on current GPUs
+  vmm_bench::device0 d;
+  const CUmemAllocationProp prop = d.prop;
+  const std::size_t page = d.g;  // 2 MiB on current GPUs
   const std::size_t big = handle_mib << 20;
   const std::size_t per_big = big / page;
   pages = (pages + per_big - 1) / per_big * per_big;
-  CUmemAccessDesc acc{};
-  acc.location = prop.location;
-  acc.flags = CU_MEM_ACCESS_FLAGS_PROT_READWRITE;
+  const CUmemAccessDesc acc = d.acc;
 
   // Pages land at every other page-sized slot of a reserved range, as a pool's
   // scattered free pages would: no two neighbours share a mapping call.
@@ -84,10 +65,8 @@ int main(int argc, char** argv) {
     for (std::size_t k = 0; k < repeat; ++k) {
       auto t0 = clk::now();
       for (std::size_t i = 0; i < pages; ++i) {
-        if (slices)
-          CK(cuMemMap(slot(i), page, (i % per_big) * page, large[i / per_big], 0));
-        else
-          CK(cuMemMap(slot(i), page, 0, small[i], 0));
+        if (slices) CK(cuMemMap(slot(i), page, (i % per_big) * page, large[i / per_big], 0));
+        else CK(cuMemMap(slot(i), page, 0, small[i], 0));
       }
       r.map = std::min(r.map, us(t0, pages));
       t0 = clk::now();

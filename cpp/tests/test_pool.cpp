@@ -8,6 +8,7 @@
 #include <random>
 #include <thread>
 
+#include "forwarding_device.hpp"
 #include "vramkit/mr/page_resource.hpp"
 #include "vramkit/mr/pool_resource.hpp"
 #include "vramkit/mr/statistics_adaptor.hpp"
@@ -21,14 +22,9 @@ constexpr std::size_t MiB = std::size_t{1} << 20;
 constexpr std::size_t GiB = std::size_t{1} << 30;
 
 // A page device that fails every k-th create or map (alternating kinds).
-class faulty_device final : public page_device {
+class faulty_device final : public test::forwarding_device {
  public:
-  faulty_device(std::shared_ptr<page_device> inner, int every) : in_(std::move(inner)), every_(every) {}
-  std::size_t granularity() const noexcept override { return in_->granularity(); }
-  std::size_t capacity() const noexcept override { return in_->capacity(); }
-  std::size_t created_bytes() const noexcept override { return in_->created_bytes(); }
-  std::uintptr_t reserve(std::size_t b) override { return in_->reserve(b); }
-  void unreserve(std::uintptr_t va, std::size_t b) noexcept override { in_->unreserve(va, b); }
+  faulty_device(std::shared_ptr<page_device> inner, int every) : forwarding_device(std::move(inner)), every_(every) {}
   page_handle create() override {
     if (++calls_ % every_ == 0) {
       ++faults;
@@ -37,7 +33,6 @@ class faulty_device final : public page_device {
     }
     return in_->create();
   }
-  void destroy(page_handle h) noexcept override { in_->destroy(h); }
   void map(std::uintptr_t va, const page_handle* h, std::size_t n) override {
     if (++calls_ % every_ == 0) {
       ++faults;
@@ -45,29 +40,19 @@ class faulty_device final : public page_device {
     }
     in_->map(va, h, n);
   }
-  void unmap(std::uintptr_t va, std::size_t n) noexcept override { in_->unmap(va, n); }
-  int device() const noexcept override { return 0; }
   std::string name() const override { return "faulty"; }
-  device_properties properties() const override { return in_->properties(); }
   int faults = 0;
 
  private:
-  std::shared_ptr<page_device> in_;
   int every_;
   long calls_ = 0;
 };
 
 // Records which physical page sits behind every mapped address (a page may
 // be mapped at several), and counts pages destroyed while still mapped.
-class mapping_recorder final : public page_device {
+class mapping_recorder final : public test::forwarding_device {
  public:
-  explicit mapping_recorder(std::shared_ptr<page_device> inner) : in_(std::move(inner)) {}
-  std::size_t granularity() const noexcept override { return in_->granularity(); }
-  std::size_t capacity() const noexcept override { return in_->capacity(); }
-  std::size_t created_bytes() const noexcept override { return in_->created_bytes(); }
-  std::uintptr_t reserve(std::size_t b) override { return in_->reserve(b); }
-  void unreserve(std::uintptr_t va, std::size_t b) noexcept override { in_->unreserve(va, b); }
-  page_handle create() override { return in_->create(); }
+  explicit mapping_recorder(std::shared_ptr<page_device> inner) : forwarding_device(std::move(inner)) {}
   void destroy(page_handle h) noexcept override {
     if (mapped_at.count(h) && !mapped_at[h].empty()) ++destroyed_while_mapped;
     mapped_at.erase(h);
@@ -93,15 +78,10 @@ class mapping_recorder final : public page_device {
     }
     in_->unmap(va, n);
   }
-  int device() const noexcept override { return 0; }
   std::string name() const override { return "recorder"; }
-  device_properties properties() const override { return in_->properties(); }
   std::map<std::uintptr_t, page_handle> at;
   std::map<page_handle, std::vector<std::uintptr_t>> mapped_at;
   long destroyed_while_mapped = 0, mapped_over = 0;
-
- private:
-  std::shared_ptr<page_device> in_;
 };
 
 struct live_block {
@@ -387,7 +367,10 @@ TEST(pool, wait_to_remap_waits_for_the_stream_instead_of_growing) {
     int waits = 0;
     event_id record(stream_t) override { return 1; }
     bool done(event_id) override { return complete; }
-    void wait(event_id) override { complete = true; ++waits; }
+    void wait(event_id) override {
+      complete = true;
+      ++waits;
+    }
     void release(event_id) noexcept override {}
   };
   for (bool wait : {false, true}) {

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "forwarding_device.hpp"
 #include "vramkit/error.hpp"
 #include "vramkit/mr/pool_resource.hpp"
 #include "vramkit/platform/host_page_device.hpp"
@@ -38,15 +39,10 @@ pool_options ahead(std::size_t bytes) {
 }
 
 // Counts the calls each thread makes; fails every k-th create or map when asked.
-class counting_device final : public page_device {
+class counting_device final : public test::forwarding_device {
  public:
   explicit counting_device(std::shared_ptr<page_device> in, int fail_every = 0)
-      : in_(std::move(in)), every_(fail_every) {}
-  std::size_t granularity() const noexcept override { return in_->granularity(); }
-  std::size_t capacity() const noexcept override { return in_->capacity(); }
-  std::size_t created_bytes() const noexcept override { return in_->created_bytes(); }
-  std::uintptr_t reserve(std::size_t b) override { return in_->reserve(b); }
-  void unreserve(std::uintptr_t va, std::size_t b) noexcept override { in_->unreserve(va, b); }
+      : forwarding_device(std::move(in)), every_(fail_every) {}
   page_handle create() override {
     count();
     if (every_ && ++calls_ % every_ == 0) throw cuda_error("injected create failure", 1);
@@ -54,18 +50,14 @@ class counting_device final : public page_device {
       throw cuda_error("injected create failure on the allocating thread", 1);
     return in_->create();
   }
-  void destroy(page_handle h) noexcept override { in_->destroy(h); }
   void map(std::uintptr_t va, const page_handle* h, std::size_t n) override {
     count();
     if (every_ && ++calls_ % every_ == 0) throw cuda_error("injected map failure", 1);
     in_->map(va, h, n);
   }
-  void unmap(std::uintptr_t va, std::size_t n) noexcept override { in_->unmap(va, n); }
   bool map_replaces() const noexcept override { return in_->map_replaces(); }
   void attach_thread() override { helper_ = std::this_thread::get_id(); }
-  int device() const noexcept override { return in_->device(); }
   std::string name() const override { return "counting"; }
-  device_properties properties() const override { return in_->properties(); }
 
   std::atomic<long> main_calls{0}, helper_calls{0};
   std::atomic<bool> fail_main_creates{false};
@@ -75,7 +67,6 @@ class counting_device final : public page_device {
     if (std::this_thread::get_id() == helper_.load()) ++helper_calls;
     else ++main_calls;
   }
-  std::shared_ptr<page_device> in_;
   int every_;
   std::atomic<long> calls_{0};
   std::atomic<std::thread::id> helper_{};

@@ -43,7 +43,7 @@ struct arena {
     if (on)
       ahead_bits[p >> 6] |= std::uint64_t{1} << (p & 63);
     else
-      ahead_bits[p >> 6] &= ~std::uint64_t{0} ^ (std::uint64_t{1} << (p & 63));
+      ahead_bits[p >> 6] &= ~(std::uint64_t{1} << (p & 63));
   }
   void set_zombie(std::size_t p, bool on) {
     if (on)
@@ -61,12 +61,14 @@ struct arena {
 
 constexpr std::size_t round_up(std::size_t n, std::size_t a) { return (n + a - 1) / a * a; }
 
-// The highest mapped page in [lo, hi], or lo when none is (a word at a time).
-inline std::size_t last_mapped_page(const arena* a, std::size_t lo, std::size_t hi) {
+// The highest page in [lo, hi] whose bit is set in the words word(w) gives,
+// or lo when none is (a word at a time).
+template <class Word>
+inline std::size_t last_page_where(std::size_t lo, std::size_t hi, Word word) {
   std::size_t p = hi + 1;
   while (p > lo) {
     std::size_t w = (p - 1) >> 6;
-    std::uint64_t bits = a->mapped_bits[w];
+    std::uint64_t bits = word(w);
     std::size_t top = (p - 1) & 63;
     bits &= top == 63 ? ~std::uint64_t{0} : ((std::uint64_t{1} << (top + 1)) - 1);
     if (bits) {
@@ -78,22 +80,15 @@ inline std::size_t last_mapped_page(const arena* a, std::size_t lo, std::size_t 
   return lo;
 }
 
+// The highest mapped page in [lo, hi], or lo when none is.
+inline std::size_t last_mapped_page(const arena* a, std::size_t lo, std::size_t hi) {
+  return last_page_where(lo, hi, [a](std::size_t w) { return a->mapped_bits[w]; });
+}
+
 // The highest page in [lo, hi] that is mapped or made ahead (map_ahead), or
 // lo when none is: where placement stops looking for cheaper places.
 inline std::size_t last_backed_page(const arena* a, std::size_t lo, std::size_t hi) {
-  std::size_t p = hi + 1;
-  while (p > lo) {
-    std::size_t w = (p - 1) >> 6;
-    std::uint64_t bits = a->mapped_bits[w] | a->ahead_bits[w];
-    std::size_t top = (p - 1) & 63;
-    bits &= top == 63 ? ~std::uint64_t{0} : ((std::uint64_t{1} << (top + 1)) - 1);
-    if (bits) {
-      std::size_t q = (w << 6) + 63 - static_cast<std::size_t>(std::countl_zero(bits));
-      return q >= lo ? q : lo;
-    }
-    p = w << 6;
-  }
-  return lo;
+  return last_page_where(lo, hi, [a](std::size_t w) { return a->mapped_bits[w] | a->ahead_bits[w]; });
 }
 
 // Unmapped pages lying wholly inside [addr, addr+size) of arena a (pages of

@@ -1,0 +1,33 @@
+// A page device that passes every call to another one. Tests derive from it
+// and override the calls they count, record or make fail. map_replaces() and
+// attach_thread() keep page_device's defaults unless a test overrides them.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <utility>
+
+#include "vramkit/platform/page_device.hpp"
+
+namespace vramkit::test {
+
+class forwarding_device : public page_device {
+ public:
+  explicit forwarding_device(std::shared_ptr<page_device> inner) : in_(std::move(inner)) {}
+  std::size_t granularity() const noexcept override { return in_->granularity(); }
+  std::size_t capacity() const noexcept override { return in_->capacity(); }
+  std::size_t created_bytes() const noexcept override { return in_->created_bytes(); }
+  std::uintptr_t reserve(std::size_t b) override { return in_->reserve(b); }
+  void unreserve(std::uintptr_t va, std::size_t b) noexcept override { in_->unreserve(va, b); }
+  page_handle create() override { return in_->create(); }
+  void destroy(page_handle h) noexcept override { in_->destroy(h); }
+  void map(std::uintptr_t va, const page_handle* h, std::size_t n) override { in_->map(va, h, n); }
+  void unmap(std::uintptr_t va, std::size_t n) noexcept override { in_->unmap(va, n); }
+  int device() const noexcept override { return 0; }
+  device_properties properties() const override { return in_->properties(); }
+
+ protected:
+  std::shared_ptr<page_device> in_;
+};
+
+}  // namespace vramkit::test
