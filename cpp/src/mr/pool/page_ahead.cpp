@@ -1,10 +1,11 @@
 // Page supply ahead (map_ahead): while the pool grows, a helper thread
 // creates pages and maps them just past the large arena's highest page in
 // use, a batch at a time, so that the next blocks placed there find them
-// ready (use_ahead: no driver call on the allocating thread). The driver runs page calls one at a
-// time whichever thread makes them, but not while holding up the launches of
-// other threads (cpp/bench/vmm_overlap.cpp measures both), so the calls the
-// helper makes are time the allocating thread no longer spends.
+// ready (use_ahead: no driver call on the allocating thread). The driver
+// runs page calls one at a time whichever thread makes them, but without
+// holding up other threads' launches or the GPU's work (vramkit_vmm_overlap
+// measures both), so the calls the helper makes are time the allocating
+// thread no longer spends.
 //
 // The helper holds the pool's lock only to claim a batch (its pages count as
 // reserved from then on) and to publish it (apply_ahead); it makes the calls
