@@ -14,7 +14,7 @@ Allocators: ``default`` (PyTorch's caching allocator), ``expandable``
 (``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True``), ``vramkit`` (``vramkit.torch.use()`` first,
 with ``--vramkit-conf`` passed to it as options), ``vramkit-8mib`` (the same with 8 MiB pages),
 ``vramkit-cuda`` (the same pool over cudaMalloc segments: no mapped pages),
-``vramkit@KEY:VALUE+KEY:VALUE`` (the pool with those options, e.g. ``vramkit@defer_unmap:false``) and
+``vramkit@KEY:VALUE+KEY:VALUE`` (the pool with those options, e.g. ``vramkit@map_ahead:256MiB``) and
 ``vramkit-tracking`` (vramkit plus leak
 tracking with Python call sites, for the cost of tracking).
 

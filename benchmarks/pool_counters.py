@@ -21,12 +21,11 @@ from vramkit import _vramkit
 from vramkit.cli import replay_ops
 from vramkit.trace import load_trace
 
-CONFIGS = ["", "keep_mappings:false", "defer_unmap:true", "defer_unmap:true,keep_mappings:false",
+CONFIGS = ["", "keep_mappings:false",
            "remap:false", "wait_to_remap:true", "growth_slack:0", "page_size:8388608", "small_threshold:0"]
 COUNTERS = ["pages_created", "pages_destroyed", "pages_mapped", "pages_unmapped", "pages_remapped",
-            "mappings_reused", "map_calls", "stream_reclaims", "pages_deferred", "deferred_waits"]
-SHORT = ["created", "destroyed", "mapped", "unmapped", "remapped", "reused", "map calls", "reclaims",
-         "deferred", "def. waits"]
+            "mappings_reused", "map_calls", "stream_reclaims"]
+SHORT = ["created", "destroyed", "mapped", "unmapped", "remapped", "reused", "map calls", "reclaims"]
 
 
 def traces(trace_dir, anchors_dir):
@@ -86,7 +85,7 @@ def main():
             del r
         if a.quick_replay:
             text = quick_replay_text(ops)
-            for conf in ["", "defer_unmap:true", "keep_mappings:false"]:
+            for conf in ["", "keep_mappings:false"]:
                 env = dict(os.environ, VKLAG=str(a.lag), VKPASSES=str(a.passes))
                 out = subprocess.run([a.quick_replay] + ([conf] if conf else []), input=text, text=True,
                                      capture_output=True, env=env, check=True).stdout.strip()

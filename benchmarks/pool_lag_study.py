@@ -35,7 +35,7 @@ def main() -> int:
     ap.add_argument("trace_dir")
     ap.add_argument("--quick-replay", required=True, help="the cpp/bench quick_replay program")
     ap.add_argument("--lags", default="64,500,3000")
-    ap.add_argument("--configs", default="default;wait_to_remap:true;defer_unmap:true;page_size:8MiB;"
+    ap.add_argument("--configs", default="default;wait_to_remap:true;page_size:8MiB;"
                     "page_size:32MiB;wait_to_remap:true,page_size:8MiB")
     ap.add_argument("--passes", type=int, default=6)
     a = ap.parse_args()

@@ -20,7 +20,7 @@ NAMED_VRAMKIT = ("vramkit", "vramkit-tracking", "vramkit-8mib", "vramkit-cuda")
 # vramkit-cuda: the same pool over cudaMalloc segments instead of mapped pages (no page moves, no
 # VMM): what the hooks and the pool cost without the page device.
 # vramkit@KEY:VALUE+KEY:VALUE: the pool with those options (VRAMKIT_ALLOC_CONF keys), e.g.
-# vramkit@defer_unmap:false or vramkit@remap_budget:0.05, to set variants side by side.
+# vramkit@map_ahead:256MiB or vramkit@growth_slack:0.05, to set variants side by side.
 
 
 def is_vramkit(alloc: str) -> bool:
@@ -97,7 +97,7 @@ def _numbers(d: dict, keys=None) -> dict:
 
 
 PAGE_OP_KEYS = ("pages_created", "pages_mapped", "pages_unmapped", "map_calls", "pages_remapped",
-                "mappings_reused", "pages_destroyed", "pages_deferred", "pages_made_ahead", "pages_ahead_used")
+                "mappings_reused", "pages_destroyed", "pages_made_ahead", "pages_ahead_used")
 
 
 def _page_op_reader(alloc: str):

@@ -115,12 +115,18 @@ void pool_options::parse(const std::string& conf) {
       else if (k == "map_ahead") o.map_ahead = parse_size(v);
       else if (k == "remap") o.remap = parse_bool(k, v);
       else if (k == "wait_to_remap") o.wait_to_remap = parse_bool(k, v);
-      else if (k == "defer_unmap") o.defer_unmap = parse_bool(k, v);
-      else if (k == "keep_mappings") o.keep_mappings = parse_bool(k, v);
+      else if (k == "defer_unmap") {
+        // Removed: wait_to_remap gives as little memory for less time (docs/configuration.md).
+        if (parse_bool(k, v))
+          throw invalid_argument(
+              "VRAMKIT_ALLOC_CONF: defer_unmap was removed: wait_to_remap:true gives as little "
+              "memory at a smaller cost in time");
+      } else if (k == "keep_mappings") o.keep_mappings = parse_bool(k, v);
       else
         throw invalid_argument("VRAMKIT_ALLOC_CONF: unknown key '" + k +
                                "' (known: alignment, page_size, small_threshold, small_segment, large_rounding, "
-                               "reserve_limit, release_threshold, growth_slack, remap, wait_to_remap, defer_unmap, keep_mappings, map_ahead, va_factor)");
+                               "reserve_limit, release_threshold, growth_slack, remap, wait_to_remap, keep_mappings, "
+                               "map_ahead, va_factor)");
     } catch (const invalid_argument&) {
       throw;
     } catch (const std::exception&) {
@@ -145,9 +151,8 @@ std::string pool_options::to_string() const {
                   ",release_threshold:";
   s += release_threshold == static_cast<std::size_t>(-1) ? std::string("max") : to_string(release_threshold);
   s += ",growth_slack:" + format_fixed(growth_slack, 4) + ",remap:" + (remap ? "true" : "false") +
-       ",wait_to_remap:" + (wait_to_remap ? "true" : "false") + ",defer_unmap:" + (defer_unmap ? "true" : "false") +
-       ",keep_mappings:" + (keep_mappings ? "true" : "false") + ",map_ahead:" + to_string(map_ahead) +
-       ",va_factor:" + format_fixed(va_factor, 2);
+       ",wait_to_remap:" + (wait_to_remap ? "true" : "false") + ",keep_mappings:" + (keep_mappings ? "true" : "false") +
+       ",map_ahead:" + to_string(map_ahead) + ",va_factor:" + format_fixed(va_factor, 2);
   return s;
 }
 

@@ -62,3 +62,17 @@ TEST(Parsing, FractionsInOptionsAreWholeNumbers) {
   EXPECT_THROW(o.parse("growth_slack:"), invalid_argument);
   EXPECT_DOUBLE_EQ(o.growth_slack, pool_options{}.growth_slack);  // a refused string changes nothing
 }
+
+TEST(PoolOptions, RemovedDeferUnmapIsRefusedWhenAskedForAndIgnoredWhenOff) {
+  pool_options o;
+  o.parse("defer_unmap:false,growth_slack:0.03");  // an old configuration that turned it off still parses
+  EXPECT_DOUBLE_EQ(o.growth_slack, 0.03);
+  try {
+    o.parse("defer_unmap:true,growth_slack:0.07");
+    FAIL() << "defer_unmap:true was accepted";
+  } catch (const invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("removed"), std::string::npos) << e.what();
+  }
+  EXPECT_DOUBLE_EQ(o.growth_slack, 0.03);  // nothing changed
+  EXPECT_EQ(o.to_string().find("defer_unmap"), std::string::npos);
+}

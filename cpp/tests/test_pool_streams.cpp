@@ -158,7 +158,6 @@ class model_streams final : public stream_ops {
 
 struct config {
   int nstreams, progress, fault_every;
-  bool defer;
   double growth_slack;
   bool keep_mappings = true;
 };
@@ -173,7 +172,6 @@ void run(const config& c, std::uint64_t seed, int iters) {
   pool_options o;
   if (w.rnd(2)) o.release_threshold = 64 * MiB;
   o.wait_to_remap = w.rnd(4) == 0;
-  o.defer_unmap = c.defer;
   o.growth_slack = c.growth_slack;
   o.keep_mappings = c.keep_mappings;
   struct held {
@@ -242,13 +240,13 @@ void run(const config& c, std::uint64_t seed, int iters) {
   }
   if (std::getenv("VRAMKIT_STREAM_DIGEST")) {
     const pool_counters& k = final_counters;
-    std::printf("digest streams %d progress %d faults %d defer %d slack %.2f keep %d seed %llu: addrs %016llx "
+    std::printf("digest streams %d progress %d faults %d slack %.2f keep %d seed %llu: addrs %016llx "
                 "peak_reserved %zu created %zu destroyed %zu mapped %zu unmapped %zu remapped %zu reused %zu "
-                "map_calls %zu reclaims %zu deferred %zu deferred_waits %zu\n",
-                c.nstreams, c.progress, c.fault_every, int{c.defer}, c.growth_slack, int{c.keep_mappings},
+                "map_calls %zu reclaims %zu\n",
+                c.nstreams, c.progress, c.fault_every, c.growth_slack, int{c.keep_mappings},
                 static_cast<unsigned long long>(seed), static_cast<unsigned long long>(digest), final_peak,
                 k.pages_created, k.pages_destroyed, k.pages_mapped, k.pages_unmapped, k.pages_remapped,
-                k.mappings_reused, k.map_calls, k.stream_reclaims, k.pages_deferred, k.deferred_waits);
+                k.mappings_reused, k.map_calls, k.stream_reclaims);
   }
   EXPECT_EQ(w.va_races, 0) << "a block overlapped memory another stream's pending work uses";
   EXPECT_EQ(w.byte_races, 0) << "a block shared physical bytes with another stream's pending work";
@@ -265,12 +263,11 @@ void run(const config& c, std::uint64_t seed, int iters) {
 
 TEST(pool_streams, lagging_gpu_queues_faults_and_physical_pages) {
   const config configs[] = {
-      {3, 0, 0, false, 0.02}, {1, 0, 23, false, 0.02}, {3, 2, 7, false, 0.02}, {2, 0, 7, false, 0.0},
-      {3, 0, 0, true, 0.02},  {1, 0, 23, true, 0.02},  {3, 2, 7, true, 0.02},  {2, 3, 7, true, 0.0},
-      {3, 2, 7, false, 0.02, false}, {2, 3, 7, true, 0.0, false},
+      {3, 0, 0, 0.02}, {1, 0, 23, 0.02}, {3, 2, 7, 0.02},        {2, 0, 7, 0.0},
+      {2, 3, 7, 0.0},  {3, 2, 7, 0.02, false}, {2, 3, 7, 0.0, false},
   };
-  // Seeds 32 and 37 once found a page given back while its old address (kept
-  // by defer_unmap in an earlier request) was still mapped.
+  // Seeds 32 and 37 once found a page given back while an old address of it
+  // was still mapped.
   std::vector<std::uint64_t> seeds = {1, 2, 3, 4, 5, 6, 32, 37};
   // VRAMKIT_STREAM_SEEDS=N runs seeds 1..N instead (a longer search).
   if (const char* n = std::getenv("VRAMKIT_STREAM_SEEDS")) {
@@ -280,7 +277,7 @@ TEST(pool_streams, lagging_gpu_queues_faults_and_physical_pages) {
   for (const config& c : configs)
     for (std::uint64_t seed : seeds) {
       SCOPED_TRACE(testing::Message() << "streams " << c.nstreams << ", progress " << c.progress << ", faults every "
-                                      << c.fault_every << ", defer_unmap " << c.defer << ", growth_slack "
+                                      << c.fault_every << ", growth_slack "
                                       << c.growth_slack << ", keep_mappings " << c.keep_mappings << ", seed " << seed);
       run(c, seed, 10000);
       if (HasFatalFailure()) return;

@@ -90,8 +90,6 @@ void bind_resource(nb::module_& m) {
             d["segments_allocated"] = c.segments_allocated;
             d["segments_freed"] = c.segments_freed;
             d["stream_reclaims"] = c.stream_reclaims;
-            d["pages_deferred"] = c.pages_deferred;
-            d["deferred_waits"] = c.deferred_waits;
             d["pages_made_ahead"] = c.pages_made_ahead;
             d["pages_ahead_used"] = c.pages_ahead_used;
             d["page_size"] = p->page_size();

@@ -44,7 +44,8 @@ std::shared_ptr<device_resource> make_private_pool(int device, capture_router* r
   // A graph holds the addresses it captured: its pool never moves or unmaps
   // a page while it lives.
   o.remap = false;
-  o.defer_unmap = false;
+  // No helper thread making pages while a graph is being captured.
+  o.map_ahead = 0;
   o.release_threshold = static_cast<std::size_t>(-1);
   o.reserve_limit = 0;
   o.page_size = 0;  // the device's own pages: the main pool's may come from a device of their own

@@ -59,14 +59,14 @@ def test_an_allocator_named_twice_runs_twice_per_repeat():
 
 
 def test_variant_allocators_carry_their_options():
-    assert variant_options("vramkit@defer_unmap:false+remap_budget:0.05") == {"defer_unmap": "false",
-                                                                              "remap_budget": "0.05"}
+    assert variant_options("vramkit@map_ahead:256MiB+growth_slack:0.05") == {"map_ahead": "256MiB",
+                                                                              "growth_slack": "0.05"}
     assert variant_options("vramkit-8mib") == {"page_size": "8MiB"}
     assert variant_options("vramkit-cuda") == {"upstream": "cuda"}
     assert variant_options("vramkit") == {}
-    p = suite("--dry-run", "--workloads", "bert", "--allocators", "default,vramkit@defer_unmap:false", "--repeat", "1")
+    p = suite("--dry-run", "--workloads", "bert", "--allocators", "default,vramkit@map_ahead:256MiB", "--repeat", "1")
     assert p.returncode == 0, p.stderr
-    assert "vramkit.torch.use(defer_unmap='false')" in p.stdout
+    assert "vramkit.torch.use(map_ahead='256MiB')" in p.stdout
 
 
 def test_parse_vramkit_conf():

@@ -33,12 +33,6 @@ struct pool_options {
   // work so that pages it freed can be remapped (trades a short stall of the
   // host for less reserved memory when the GPU runs behind it).
   bool wait_to_remap = false;
-  // Pages the requesting stream itself freed serve its request at once,
-  // without waiting for its queued work: later work on a stream runs after
-  // earlier work. Only their old addresses stay mapped until an event on the
-  // stream completes. (Experimental: on an H200 it cut GPT-2's reserved
-  // memory but made steps 2.2x slower, moving pages every step.)
-  bool defer_unmap = false;
   // A page moved away keeps its old mapping (an alias of memory the pool
   // no longer hands out at that address) until another page must go there
   // or the page is given back. When the page later returns to that address,

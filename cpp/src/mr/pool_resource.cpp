@@ -49,7 +49,6 @@ void pool_resource::impl::init_paged() {
     std::size_t np = va / page;
     a->handles.assign(np, 0);
     a->mapped_bits.assign((np + 63) / 64, 0);
-    a->zombie_bits.assign((np + 63) / 64, 0);
     a->ahead_bits.assign((np + 63) / 64, 0);
     a->phys.assign(np, 0);
     block* b = blocks.make();
@@ -74,9 +73,8 @@ void pool_resource::impl::init_segmented() {
 
 pool_resource::impl::~impl() {
   stop_ahead();  // the helper thread first: it may be making pages
-  // Old addresses still waiting: unmapped without waiting (nothing may run
-  // on memory of a pool being destroyed), their events given back.
-  for (auto& d : deferred) streams->release(d.ev);  // their old addresses go with the rest below
+  // Events still held are given back without waiting (nothing may run on
+  // memory of a pool being destroyed).
   for (auto& s : slots)
     if (s.event_pending) streams->release(s.event);
   for (block* b : pending)
@@ -128,7 +126,6 @@ void* pool_resource::impl::allocate(std::size_t bytes, stream_t stream) {
     if (block* b = try_place(size, small, slot, stream)) return finish(b, bytes, stream);
   if (!pending.empty()) process_pending(true);
   reclaim_streams(true);
-  settle_deferred(0);
   if (!upstream) {
     destroy_spares();
     drop_ahead();

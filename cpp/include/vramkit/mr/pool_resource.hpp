@@ -28,8 +28,6 @@ struct pool_counters {
   std::size_t segments_allocated = 0;
   std::size_t segments_freed = 0;
   std::size_t stream_reclaims = 0;  // free blocks handed from one stream to all
-  std::size_t pages_deferred = 0;   // defer_unmap: pages moved with their old address kept mapped
-  std::size_t deferred_waits = 0;   // defer_unmap: old addresses needed before their work was done
   std::size_t pages_made_ahead = 0; // map_ahead: pages the helper thread created and mapped
   std::size_t pages_ahead_used = 0; // map_ahead: of those, pages a block found ready where it was placed
 };

@@ -40,7 +40,7 @@ memory_state pool_resource::impl::state() const {
 void pool_resource::impl::check() const {
   std::lock_guard<std::mutex> lk(mu);
   auto fail = [](const std::string& what) { throw error("pool invariant broken: " + what); };
-  std::size_t live_sum = 0, live_n = 0, mapped_pages = 0, zombie_pages = 0, stale_pages = 0, ahead_count = 0;
+  std::size_t live_sum = 0, live_n = 0, mapped_pages = 0, stale_pages = 0, ahead_count = 0;
   std::vector<page_handle> in_use(spare_handles.begin(), spare_handles.end()), kept;
   for (auto* a : arenas) {
     std::uintptr_t at = a->base;
@@ -89,28 +89,25 @@ void pool_resource::impl::check() const {
       };
       const std::size_t wtop = (a->top + 63) / 64;
       if (!zero(a->handles, a->top) || !zero(a->phys, a->top) || !zero(a->mapped_bits, wtop) ||
-          !zero(a->zombie_bits, wtop) || !zero(a->ahead_bits, wtop))
+          !zero(a->ahead_bits, wtop))
         fail("a page in use or mapped above the arena's top");
       for (std::size_t p = a->top; p < std::min(wtop * 64, a->handles.size()); ++p)
-        if (a->mapped(p) || a->zombie(p) || a->ahead(p)) fail("a page in use or mapped above the arena's top");
+        if (a->mapped(p) || a->ahead(p)) fail("a page in use or mapped above the arena's top");
     }
     if (a->paged)
       for (std::size_t p = 0; p < a->top; ++p) {
         if (a->ahead(p)) {
-          if (a->mapped(p) || a->handles[p] || a->zombie(p) || !a->phys[p] || a->small)
-            fail("a page made ahead is in use, waiting, not mapped or in the small arena");
+          if (a->mapped(p) || a->handles[p] || !a->phys[p] || a->small)
+            fail("a page made ahead is in use, not mapped or in the small arena");
           in_use.push_back(a->phys[p]);
           ++ahead_count;
           continue;
         }
         if (a->mapped(p) != (a->handles[p] != 0)) fail("page map and handles disagree");
-        if (a->zombie(p) && a->mapped(p)) fail("a page waiting to be unmapped is also in use");
         if (a->mapped(p) && a->phys[p] != a->handles[p]) fail("the device maps another page than the pool uses");
-        if (a->zombie(p) && !a->phys[p]) fail("a page waiting to be unmapped is not mapped");
         if (a->mapped(p)) in_use.push_back(a->handles[p]);
         if (a->phys[p] && !a->mapped(p)) kept.push_back(a->phys[p]);
         stale_pages += a->phys[p] && !a->mapped(p);
-        zombie_pages += a->zombie(p);
         mapped_pages += a->mapped(p);
       }
   }
@@ -119,11 +116,8 @@ void pool_resource::impl::check() const {
   std::size_t pend = 0;
   for (auto* b : pending) pend += b->size;
   if (pend != pending_bytes) fail("pending bytes do not add up");
-  std::size_t deferred_pages = 0;
-  for (auto& d : deferred) deferred_pages += d.count;
-  if (zombie_pages != deferred_pages) fail("pages waiting to be unmapped do not match their list");
   if (stale_pages != stale) fail("the count of kept mappings is stale");
-  if (!opt.keep_mappings && stale_pages != zombie_pages) fail("a mapping kept with keep_mappings off");
+  if (!opt.keep_mappings && stale_pages) fail("a mapping kept with keep_mappings off");
   std::sort(in_use.begin(), in_use.end());
   if (std::adjacent_find(in_use.begin(), in_use.end()) != in_use.end()) fail("one page in use at two places");
   for (page_handle h : kept)

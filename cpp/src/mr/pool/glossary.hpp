@@ -57,16 +57,6 @@
 //   stale        Such a kept mapping: mapped at an address where the page is
 //                not in use. `stale` counts them; a page is destroyed only once
 //                no stale mapping of it is left.
-//   zombie       With defer_unmap, an old address of a page stolen from the
-//                requester's own free block while work queued on its stream
-//                may still use it: still mapped, logically gone; unmapped (or
-//                kept as an ordinary stale mapping) once the event recorded at
-//                the steal completes. Also "deferred" in the counters.
-//   settle       End every zombie's wait now (waiting for its event), before a
-//                page may become a spare or be destroyed.
-//   clean page   A page for the edges of a block being backed: never one moved
-//                with its old address kept by defer_unmap, because the edge
-//                page is shared with neighbours other streams may reach.
 //   return home  Reordering the pages supplied for a block so each goes back to
 //                an address that still maps it (a reused mapping, no call).
 //   made ahead   (map_ahead) A page the helper thread created and mapped just
@@ -89,6 +79,6 @@
 //   release      release_cached: wait for every stream, then trim to 0.
 //     cached
 //   OOM path     When nothing fits: reclaim streams, wait for pending frees and
-//                for every stream, settle zombies, destroy the spares (or free
+//                for every stream, destroy the spares and pages made ahead (or free
 //                whole segments), try once more, else throw out_of_memory.
 #pragma once

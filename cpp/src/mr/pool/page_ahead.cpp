@@ -114,14 +114,13 @@ bool pool_resource::impl::claim_ahead() {
     return false;
   // Where the next blocks go: just past the highest page mapped or made
   // ahead (after a trim that can be far below `top`), over pages that no
-  // mapping is kept at and no old address waits on; as many of them in a row
-  // as are free, up to k.
+  // mapping is kept at; as many of them in a row as are free, up to k.
   std::size_t first = a->top ? last_backed_page(a, 0, a->top - 1) : 0;
   if (a->top && (a->mapped(first) || a->ahead(first))) ++first;
-  while (first < a->top && (a->phys[first] || a->zombie(first))) ++first;
+  while (first < a->top && a->phys[first]) ++first;
   std::size_t run = 0;
   while (run < k && first + run < a->handles.size() &&
-         (first + run >= a->top || (!a->phys[first + run] && !a->zombie(first + run))))
+         (first + run >= a->top || !a->phys[first + run]))
     ++run;
   if (!run) return false;
   k = run;

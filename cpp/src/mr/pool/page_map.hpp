@@ -28,28 +28,18 @@ struct arena {
   // page now in use at another address or spare (keep_mappings).
   std::vector<page_handle> phys;
   std::size_t top = 0;  // one past the highest page ever mapped
-  // defer_unmap: pages moved away while work queued before their free may
-  // still use this address; physically still mapped here, logically not.
-  std::vector<std::uint64_t> zombie_bits;
   // map_ahead: pages a helper thread created and mapped before any block
   // needed them (`phys[p]` is the page; not in use: `handles[p]` is 0). A
   // block placed over one takes it as it is, with no call.
   std::vector<std::uint64_t> ahead_bits;
 
   bool mapped(std::size_t p) const { return mapped_bits[p >> 6] >> (p & 63) & 1; }
-  bool zombie(std::size_t p) const { return zombie_bits[p >> 6] >> (p & 63) & 1; }
   bool ahead(std::size_t p) const { return ahead_bits[p >> 6] >> (p & 63) & 1; }
   void set_ahead(std::size_t p, bool on) {
     if (on)
       ahead_bits[p >> 6] |= std::uint64_t{1} << (p & 63);
     else
       ahead_bits[p >> 6] &= ~(std::uint64_t{1} << (p & 63));
-  }
-  void set_zombie(std::size_t p, bool on) {
-    if (on)
-      zombie_bits[p >> 6] |= std::uint64_t{1} << (p & 63);
-    else
-      zombie_bits[p >> 6] &= ~(std::uint64_t{1} << (p & 63));
   }
   void set_mapped(std::size_t p, bool on) {
     if (on)
@@ -108,11 +98,8 @@ inline std::size_t unmapped_inside(const arena* a, std::size_t page, std::uintpt
   return (hi - lo) - mapped;
 }
 
-// What mapping page p for a new block costs: nothing if mapped or mapped
-// ahead, one page if not, more if its old mapping still waits for a stream
-// (defer_unmap: placing there may mean waiting for the GPU).
-inline std::size_t page_cost(const arena* a, std::size_t p) {
-  return a->mapped(p) || a->ahead(p) ? 0 : a->zombie(p) ? 4 : 1;
-}
+// What mapping page p for a new block costs: nothing if mapped or made
+// ahead, one page if not.
+inline std::size_t page_cost(const arena* a, std::size_t p) { return a->mapped(p) || a->ahead(p) ? 0 : 1; }
 
 }  // namespace vramkit::detail

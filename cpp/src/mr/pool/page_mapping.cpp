@@ -1,6 +1,5 @@
 // Page mapping: maps supplied pages under a placed block (pages coming back
-// to an address that still maps them cost no call: keep_mappings), and ends
-// the wait of old addresses moved away with defer_unmap.
+// to an address that still maps them cost no call: keep_mappings).
 #include <algorithm>
 #include <vector>
 
@@ -46,23 +45,20 @@ bool pool_resource::impl::back(detail::arena* a, std::uintptr_t addr, std::size_
     undo.armed = false;
     return true;
   }
-  if (!deferred.empty()) {
-    flush_deferred();
-    clear_zombies(a, p0, p1);
-  }
-  // Pages the block shares with its neighbours (partly covered) get clean pages.
+  // Pages the block shares with its neighbours (partly covered) take the
+  // first pages supplied and are not moved home (return_home).
   auto inside = [&](std::size_t p) {
     return a->base + p * page >= addr && a->base + (p + 1) * page <= addr + size;
   };
   const bool edge0 = !inside(p0) && !a->mapped(p0);
   const bool edge1 = p1 != p0 && !inside(p1) && !a->mapped(p1);
-  const std::size_t clean = std::size_t{edge0} + std::size_t{edge1};
+  const std::size_t edges = std::size_t{edge0} + std::size_t{edge1};
   thread_local std::vector<page_handle> got, hs;
-  if (!acquire(n, need_live, slot, got, clean)) return false;
-  // In page order: the clean ones at the edges, the rest in between.
+  if (!acquire(n, need_live, slot, got)) return false;
+  // In page order: the first ones at the edges, the rest in between.
   hs.clear();
   {
-    std::size_t c = 0, r = clean;
+    std::size_t c = 0, r = edges;
     for (std::size_t p = p0; p <= p1; ++p)
       if (!a->mapped(p)) hs.push_back(((p == p0 && edge0) || (p == p1 && edge1)) ? got[c++] : got[r++]);
   }
@@ -124,7 +120,6 @@ bool pool_resource::impl::back(detail::arena* a, std::uintptr_t addr, std::size_
       }
     for (std::size_t q = p0; q <= p1; ++q)
       if (!a->mapped(q)) a->handles[q] = 0;
-    settle_deferred(0);
     spare_handles.insert(spare_handles.end(), hs.begin(), hs.end());
     throw;
   }
@@ -134,7 +129,7 @@ bool pool_resource::impl::back(detail::arena* a, std::uintptr_t addr, std::size_
 
 // Puts each page of hs (placed in page order over the unmapped pages of
 // [p0, p1]) where it is still mapped, if that is one of those pages.
-// The clean pages at the edges stay where they are.
+// The pages at the edges stay where they are.
 void pool_resource::impl::return_home(const detail::arena* a, std::size_t p0, std::size_t p1, bool edge0, bool edge1,
                                       std::vector<page_handle>& hs) {
   thread_local std::vector<std::pair<page_handle, std::size_t>> where;  // page -> index in hs
@@ -158,61 +153,6 @@ void pool_resource::impl::return_home(const detail::arena* a, std::size_t p0, st
     jt->second = j;
     it->second = i;
     std::swap(hs[i], hs[j]);
-  }
-}
-
-void pool_resource::impl::finish_deferred(std::size_t i) {
-  deferred_unmap d = deferred[i];
-  // Its stream's work is done: the old mapping becomes an ordinary kept one.
-  if (!opt.keep_mappings) {
-    pages->unmap(d.a->base + d.first * page, d.count);
-    for (std::size_t q = d.first; q < d.first + d.count; ++q) d.a->phys[q] = 0;
-    stale -= d.count;
-    ctr.pages_unmapped += d.count;
-  }
-  for (std::size_t q = d.first; q < d.first + d.count; ++q) d.a->set_zombie(q, false);
-  streams->release(d.ev);
-  deferred[i] = deferred.back();
-  deferred.pop_back();
-}
-
-// Ends the wait of old addresses whose stream work is done (unmapped, or
-// kept as ordinary stale mappings with keep_mappings).
-void pool_resource::impl::flush_deferred() {
-  for (std::size_t i = 0; i < deferred.size();)
-    if (streams->done(deferred[i].ev))
-      finish_deferred(i);
-    else
-      ++i;
-}
-
-// Before pages are mapped in [p0, p1] of arena a: old mappings there go
-// first, after their stream's work (waiting for it if need be).
-void pool_resource::impl::clear_zombies(detail::arena* a, std::size_t p0, std::size_t p1) {
-  for (std::size_t i = 0; i < deferred.size();) {
-    deferred_unmap& d = deferred[i];
-    if (d.a != a || d.first > p1 || d.first + d.count <= p0) {
-      ++i;
-      continue;
-    }
-    if (!streams->done(d.ev)) {
-      streams->wait(d.ev);
-      ++ctr.deferred_waits;
-    }
-    finish_deferred(i);
-  }
-}
-
-// Old addresses waiting since entry `mark` end their wait now, after their
-// stream's work (a page about to become a spare may keep stale mappings,
-// but none that queued work may still use).
-void pool_resource::impl::settle_deferred(std::size_t mark) noexcept {
-  while (deferred.size() > mark) {
-    try {
-      if (!streams->done(deferred.back().ev)) streams->wait(deferred.back().ev);
-    } catch (...) {
-    }
-    finish_deferred(deferred.size() - 1);
   }
 }
 

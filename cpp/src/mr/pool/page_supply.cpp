@@ -1,8 +1,9 @@
 // Page supply: the physical pages a placement needs, from (in order) the
-// spares, new pages within the growth slack, free pages stolen from shared
-// free blocks, other streams' finished frees, the requester's own free
-// blocks (defer_unmap: at once; else after waiting for its stream), and new
-// pages up to the reserve limit. Also destroys pages given back.
+// spares, new pages within the growth slack, pages made ahead (map_ahead),
+// free pages stolen from shared free blocks, other streams' finished frees,
+// new pages up to the reserve limit, and the requester's own free blocks
+// after waiting for its stream (with wait_to_remap, before new pages). Also
+// destroys pages given back.
 #include <algorithm>
 #include <vector>
 
@@ -39,8 +40,7 @@ page_handle pool_resource::impl::create_page() {
 // block of `slot` (one contiguous run, from its high end; unmapped in one
 // call, or kept mapped there with keep_mappings) and
 // appends their physical pages to out. Returns how many it took.
-std::size_t pool_resource::impl::steal(std::uint32_t slot, std::size_t want, std::vector<page_handle>& out,
-                                       bool defer) {
+std::size_t pool_resource::impl::steal(std::uint32_t slot, std::size_t want, std::vector<page_handle>& out) {
   auto& s = slots[slot];
   block* b = s.steal_head;
   if (!b || want == 0) return 0;
@@ -65,15 +65,7 @@ std::size_t pool_resource::impl::steal(std::uint32_t slot, std::size_t want, std
   std::size_t first = p;
   while (first > lo && a->mapped(first - 1) && p + 1 - first < want) --first;
   std::size_t k = p + 1 - first;
-  if (defer) {
-    deferred.push_back({a, first, k, streams->record(s.stream)});
-    // The block keeps the pages' old addresses: it reaches other streams
-    // only through an event recorded after this one, when they are gone.
-    b->seq = ++free_seq;
-    for (std::size_t q = first; q <= p; ++q) a->set_zombie(q, true);
-    ctr.pages_deferred += k;
-    stale += k;
-  } else if (opt.keep_mappings) {
+  if (opt.keep_mappings) {
     stale += k;  // still mapped there, no longer in use there
   } else {
     pages->unmap(a->base + first * page, k);
@@ -96,7 +88,6 @@ std::size_t pool_resource::impl::steal(std::uint32_t slot, std::size_t want, std
 void pool_resource::impl::drop_pages(const std::vector<page_handle>& hs) noexcept {
   if (hs.empty()) return;
   if (stale) {
-    settle_deferred(0);  // no old address that queued work may still use is unmapped under it
     thread_local std::vector<page_handle> sorted;
     sorted.assign(hs.begin(), hs.end());
     std::sort(sorted.begin(), sorted.end());
@@ -124,36 +115,28 @@ void pool_resource::impl::drop_pages(const std::vector<page_handle>& hs) noexcep
 }
 
 // Gets n physical pages for a block that will hold `need_live` live bytes.
-// The first `clean` of them are never pages moved with their old address
-// still mapped (defer_unmap): they go where the block shares a page with
-// its neighbours, which other streams may reach.
 // Only pages of blocks whose stream work is known complete (the shared
 // slot) are remapped without waiting; the requester's own stream is waited
 // for only when the device is otherwise full (or, with wait_to_remap,
 // before growing past the slack).
 bool pool_resource::impl::acquire(std::size_t n, std::size_t need_live, std::uint32_t slot,
-                                  std::vector<page_handle>& out, std::size_t clean) {
+                                  std::vector<page_handle>& out) {
   out.clear();
   try {
-    if (acquire_some(n, need_live, slot, out, clean)) return true;
+    if (acquire_some(n, need_live, slot, out)) return true;
   } catch (...) {
-    // Pages taken so far stay with the pool as spares: nothing leaks. No
-    // spare keeps an old address that queued work may still use: every one
-    // still waiting ends its wait first (not only this call's: a page taken
-    // here may have been moved with its old address kept by an earlier call).
-    settle_deferred(0);
+    // Pages taken so far stay with the pool as spares: nothing leaks.
     spare_handles.insert(spare_handles.end(), out.begin(), out.end());
     out.clear();
     throw;
   }
-  settle_deferred(0);
   spare_handles.insert(spare_handles.end(), out.begin(), out.end());
   out.clear();
   return false;
 }
 
 bool pool_resource::impl::acquire_some(std::size_t n, std::size_t need_live, std::uint32_t slot,
-                                       std::vector<page_handle>& out, std::size_t clean) {
+                                       std::vector<page_handle>& out) {
   bool reclaimed = false, waited = false;
   // Pages of the requester's own free blocks, once its stream's queued work is done.
   auto wait_and_steal_own = [&] {
@@ -185,12 +168,6 @@ bool pool_resource::impl::acquire_some(std::size_t n, std::size_t need_live, std
         if (reclaim_streams(false)) continue;
       }
     }
-    // defer_unmap: the requester's own stream freed these; its later work
-    // runs after the work that used them, so they can serve it at once, and
-    // only their old addresses wait to be unmapped.
-    if (opt.remap && opt.defer_unmap && slot != 0 && out.size() >= clean && slots[slot].steal_head &&
-        steal(slot, n - out.size(), out, true))
-      continue;
     if (opt.wait_to_remap && wait_and_steal_own()) continue;  // rather than grow
     if (reserved + page <= limit) {
       if (page_handle h = create_page()) {

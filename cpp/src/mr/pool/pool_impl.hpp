@@ -5,7 +5,7 @@
 //   pool_resource.cpp  entry points: setup, allocate, free, teardown, public API
 //   placement.cpp      where a request goes: fit, hollow places, runs, splits
 //   page_supply.cpp    physical pages for a placement: spares, new pages, steals
-//   page_mapping.cpp   mapping pages under a block; kept and deferred mappings
+//   page_mapping.cpp   mapping pages under a block; kept mappings
 //   page_ahead.cpp     map_ahead: pages made ready on a helper thread where the pool grows
 //   stream_reuse.cpp   frees on other streams: pending blocks, slot reclaims
 //   release.cpp        giving memory back: trim, release_cached, segments
@@ -64,15 +64,6 @@ struct pool_resource::impl {
   // Page supply: created pages in use nowhere, and kept mappings.
   std::vector<page_handle> spare_handles;  // created, in use nowhere (may keep stale mappings)
   std::size_t stale = 0;                   // kept mappings of pages not in use there
-  // Page mapping, defer_unmap: old addresses of pages moved from the
-  // requesting stream's own free blocks, unmapped once the event recorded at
-  // the move completes.
-  struct deferred_unmap {
-    detail::arena* a;
-    std::size_t first, count;
-    event_id ev;
-  };
-  std::vector<deferred_unmap> deferred;
   detail::block_pool blocks;
   // Page supply ahead (map_ahead, page_ahead.cpp): pages the helper thread
   // made past the large arena's highest page in use (arena::ahead_bits), and
@@ -126,11 +117,9 @@ struct pool_resource::impl {
   static constexpr int steal_scan = 32;
   bool may_grow(std::size_t need_live) const;
   page_handle create_page();
-  std::size_t steal(std::uint32_t slot, std::size_t want, std::vector<page_handle>& out, bool defer = false);
-  bool acquire(std::size_t n, std::size_t need_live, std::uint32_t slot, std::vector<page_handle>& out,
-               std::size_t clean = 0);
-  bool acquire_some(std::size_t n, std::size_t need_live, std::uint32_t slot, std::vector<page_handle>& out,
-                    std::size_t clean);
+  std::size_t steal(std::uint32_t slot, std::size_t want, std::vector<page_handle>& out);
+  bool acquire(std::size_t n, std::size_t need_live, std::uint32_t slot, std::vector<page_handle>& out);
+  bool acquire_some(std::size_t n, std::size_t need_live, std::uint32_t slot, std::vector<page_handle>& out);
   void drop_pages(const std::vector<page_handle>& hs) noexcept;
 
   // ---- page mapping (page_mapping.cpp) -----------------------------------
@@ -138,10 +127,6 @@ struct pool_resource::impl {
             std::size_t& newly);
   static void return_home(const detail::arena* a, std::size_t p0, std::size_t p1, bool edge0, bool edge1,
                           std::vector<page_handle>& hs);
-  void finish_deferred(std::size_t i);
-  void flush_deferred();
-  void clear_zombies(detail::arena* a, std::size_t p0, std::size_t p1);
-  void settle_deferred(std::size_t mark) noexcept;
 
   // ---- page supply ahead (page_ahead.cpp) --------------------------------
   static constexpr std::size_t ahead_batch_pages = 8;

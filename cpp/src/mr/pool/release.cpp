@@ -35,9 +35,7 @@ void pool_resource::impl::trim_to(std::size_t target, bool on_free) {
   // a batch still being made is not waited for on a free).
   if (cached() > target) drop_ahead(!on_free);
   reclaim_streams(false);
-  // Pages are destroyed only once mapped nowhere else: what reached the
-  // shared slot has its old addresses' work done, so they go first.
-  if (!deferred.empty()) flush_deferred();
+  // Only memory no stream still uses: pages of the shared slot.
   std::vector<page_handle> hs;
   while (cached() > target) {
     hs.clear();
@@ -56,7 +54,6 @@ void pool_resource::impl::release_cached() {
   std::lock_guard<std::mutex> lk(mu);
   process_pending(true);
   reclaim_streams(true);
-  settle_deferred(0);
   drop_ahead();  // also holds the helper until the pool grows again
   trim_to(0);
 }
