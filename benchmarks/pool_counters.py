@@ -6,10 +6,9 @@ two builds of the pool can be compared line by line (a refactor must leave every
 TRACE_DIR holds the *.trace.csv.gz files; ANCHORS_DIR (optional) the anchors' anchors.py for the
 two synthetic traces (as in host_replay.py). Each trace is replayed on the simulated (host) device
 under several pool configurations that take different paths through the pool (remapping off,
-mappings not kept, old addresses deferred, waiting before growing, a reserve limit near the peak).
-With --quick-replay (the cpp/bench quick_replay program) each trace is also replayed with a GPU
-that lags the host by 64 operations, so frees on one stream wait for their events (cross-stream
-reuse, stream reclaims, deferred unmaps). Timings are left out: they differ run to run.
+mappings not kept, waiting before growing, a reserve limit near the peak). With --quick-replay
+(the cpp/bench quick_replay program) each trace is also replayed with a GPU that lags the host by
+64 operations, so frees on one stream wait for their events (cross-stream reuse, stream reclaims). Timings are left out: they differ run to run.
 """
 import argparse
 import glob

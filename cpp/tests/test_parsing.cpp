@@ -63,7 +63,7 @@ TEST(Parsing, FractionsInOptionsAreWholeNumbers) {
   EXPECT_DOUBLE_EQ(o.growth_slack, pool_options{}.growth_slack);  // a refused string changes nothing
 }
 
-TEST(PoolOptions, RemovedDeferUnmapIsRefusedWhenAskedForAndIgnoredWhenOff) {
+TEST(Parsing, RemovedDeferUnmapIsRefusedWhenAskedForAndIgnoredWhenOff) {
   pool_options o;
   o.parse("defer_unmap:false,growth_slack:0.03");  // an old configuration that turned it off still parses
   EXPECT_DOUBLE_EQ(o.growth_slack, 0.03);

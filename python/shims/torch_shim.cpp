@@ -44,7 +44,8 @@ std::shared_ptr<device_resource> make_private_pool(int device, capture_router* r
   // A graph holds the addresses it captured: its pool never moves or unmaps
   // a page while it lives.
   o.remap = false;
-  // No helper thread making pages while a graph is being captured.
+  // No helper thread making pages for it (map_ahead): a capture in global
+  // mode forbids mapping calls from every thread.
   o.map_ahead = 0;
   o.release_threshold = static_cast<std::size_t>(-1);
   o.reserve_limit = 0;

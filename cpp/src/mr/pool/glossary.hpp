@@ -75,7 +75,8 @@
 //   reserve      The most physical memory the pool may hold (reserve_limit, or
 //     limit      the device capacity); set_reserve_limit trims down to it.
 //   trim         Giving cached pages back until cached <= a target: spares
-//                first, then pages stolen from shared free blocks.
+//                first, then pages made ahead, then pages stolen from shared
+//                free blocks.
 //   release      release_cached: wait for every stream, then trim to 0.
 //     cached
 //   OOM path     When nothing fits: reclaim streams, wait for pending frees and

@@ -46,7 +46,8 @@ bool pool_resource::impl::back(detail::arena* a, std::uintptr_t addr, std::size_
     return true;
   }
   // Pages the block shares with its neighbours (partly covered) take the
-  // first pages supplied and are not moved home (return_home).
+  // first pages supplied and are not moved home (return_home): a fixed order,
+  // so that a trace replays to the same addresses and counters every time.
   auto inside = [&](std::size_t p) {
     return a->base + p * page >= addr && a->base + (p + 1) * page <= addr + size;
   };

@@ -35,7 +35,6 @@ void pool_resource::impl::trim_to(std::size_t target, bool on_free) {
   // a batch still being made is not waited for on a free).
   if (cached() > target) drop_ahead(!on_free);
   reclaim_streams(false);
-  // Only memory no stream still uses: pages of the shared slot.
   std::vector<page_handle> hs;
   while (cached() > target) {
     hs.clear();
