@@ -10,7 +10,10 @@ tensors and indices: the same kernels over buffers of the same size taken from
 - ``cudaMalloc``: PyTorch's allocator (one segment);
 - ``vmm``: vramkit's page resource (a reservation mapped with one 2 MiB handle per page);
 - ``pool``: vramkit's pool over the vmm device (2 MiB pages, as ``vramkit.torch.use()`` gives);
-- ``pool-8MiB``: the same with ``page_size:8MiB``.
+- ``pool-8MiB``: the same with ``page_size:8MiB``;
+- ``chunks-N``: the pool with ``chunk_size:N`` (2 MiB pages, the buffer's interior in N-byte handles);
+- ``expandable``: PyTorch's allocator with ``expandable_segments:True`` (20 MiB handles), where
+  this PyTorch can switch it on at run time.
 
 Kernels: a sequential copy, a gather of random rows (``index_select``, as an MoE layer routes
 tokens), a scatter-add of random rows (``index_add_``), and a gather of random 2-byte elements
@@ -32,6 +35,7 @@ def main(argv=None) -> int:
     ap.add_argument("--gib", type=float, default=4.0, help="size of each source buffer (GiB, default 4)")
     ap.add_argument("--rounds", type=int, default=15, help="rounds; each times every kernel on every memory")
     ap.add_argument("--json", default="", help="also write the results here")
+    ap.add_argument("--chunks", default="16MiB,64MiB", help="chunk sizes to run the pool with (comma list; '' for none)")
     a = ap.parse_args(argv)
     if a.gib <= 0 or a.rounds < 1:
         ap.error("--gib must be > 0 and --rounds >= 1")
@@ -61,10 +65,17 @@ def main(argv=None) -> int:
 
     memories = {"cudaMalloc": torch.empty(rows, width, dtype=torch.float16, device=dev)}
     default_resource = vramkit.get_current_resource(0)
-    for name, spec in (("vmm", "vmm"), ("pool", "pool:upstream=vmm"),
-                       ("pool-8MiB", "pool:upstream=vmm,page_size:8MiB")):
+    specs = [("vmm", "vmm"), ("pool", "pool:upstream=vmm"), ("pool-8MiB", "pool:upstream=vmm,page_size:8MiB")]
+    specs += [(f"chunks-{c}", f"pool:upstream=vmm,chunk_size:{c}") for c in a.chunks.split(",") if c]
+    for name, spec in specs:
         memories[name] = from_vramkit(spec)
     vramkit.set_current_resource(default_resource, 0)
+    try:  # PyTorch's expandable segments, for new segments from here on
+        torch.cuda.memory._set_allocator_settings("expandable_segments:True")
+        memories["expandable"] = torch.empty(rows, width, dtype=torch.float16, device=dev)
+        torch.cuda.memory._set_allocator_settings("expandable_segments:False")
+    except (AttributeError, RuntimeError) as e:
+        print(f"(no expandable segments at run time: {e})", file=sys.stderr)
     g = torch.Generator(device=dev).manual_seed(0)
     for t in memories.values():
         t.normal_(generator=g)

@@ -95,12 +95,19 @@ int main(int argc, char** argv) {
                         destroyed = c1.pages_destroyed - c0.pages_destroyed;
       // Driver time as an H100 charged it per handle (create 8.7 us, map 1.05 + set access 28.2,
       // unmap 19.3, release 13.1), taken as the same for any handle size: a model, not a timing.
-      const double driver_ms = (8.7 * created + 29.25 * mapped + 19.3 * unmapped + 13.1 * destroyed) / 1000.0;
+      // A chunk (chunk_size) is one handle for all its pages.
+      const std::size_t per_chunk = pool.options().chunk_size / pool.page_size();
+      const std::size_t cc = c1.chunks_created - c0.chunks_created, cr = c1.chunks_released - c0.chunks_released;
+      const double h_created = static_cast<double>(created - cc * per_chunk + cc),
+                   h_mapped = static_cast<double>(mapped - cc * per_chunk + cc),
+                   h_unmapped = static_cast<double>(unmapped - cr * per_chunk + cr),
+                   h_destroyed = static_cast<double>(destroyed - cr * per_chunk + cr);
+      const double driver_ms = (8.7 * h_created + 29.25 * h_mapped + 19.3 * h_unmapped + 13.1 * h_destroyed) / 1000.0;
       std::printf("pass %d: created %zu mapped %zu unmapped %zu remapped %zu reused %zu destroyed %zu reserved %zu MiB "
-                  "waits %zu driver_ms %.1f\n", pass,
+                  "waits %zu chunks %zu/%zu driver_ms %.1f\n", pass,
                   created, mapped, unmapped, c1.pages_remapped - c0.pages_remapped,
                   c1.mappings_reused - c0.mappings_reused, destroyed, pool.state().reserved_bytes >> 20,
-                  lag->waits - waits0, driver_ms);
+                  lag->waits - waits0, cc, cr, driver_ms);
     }
     auto c = pool.counters();
     std::printf("lag %zu: peak_reserved/peak_live %.4f waits %zu remapped %zu reclaims %zu\n",
@@ -173,9 +180,10 @@ int main(int argc, char** argv) {
   ro.passes = std::getenv("VKPASSES") ? std::atoi(std::getenv("VKPASSES")) : 4;
   auto r = vramkit::replay(ops, pool, ro);
   auto c = pool.counters();
-  std::printf("ops %zu peak_live %zu peak_reserved %zu frag %.4f cold %.1f warm %.1f ooms %zu created %zu remapped %zu mapcalls %zu reused %zu mapped %zu unmapped %zu\n",
+  std::printf("ops %zu peak_live %zu peak_reserved %zu frag %.4f cold %.1f warm %.1f ooms %zu created %zu remapped %zu mapcalls %zu reused %zu mapped %zu unmapped %zu chunks %zu/%zu\n",
               r.ops, r.peak_live_bytes, r.peak_reserved_bytes, r.fragmentation, r.cold_ns_per_op, r.warm_ns_per_op,
-              r.ooms, c.pages_created, c.pages_remapped, c.map_calls, c.mappings_reused, c.pages_mapped, c.pages_unmapped);
+              r.ooms, c.pages_created, c.pages_remapped, c.map_calls, c.mappings_reused, c.pages_mapped, c.pages_unmapped,
+              c.chunks_created, c.chunks_released);
   pool.check_invariants();
 }
 // (diagnostic) VKDIAG=1: print page usage whenever reserved grows past its peak.

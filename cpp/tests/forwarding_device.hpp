@@ -23,6 +23,8 @@ class forwarding_device : public page_device {
   void destroy(page_handle h) noexcept override { in_->destroy(h); }
   void map(std::uintptr_t va, const page_handle* h, std::size_t n) override { in_->map(va, h, n); }
   void unmap(std::uintptr_t va, std::size_t n) noexcept override { in_->unmap(va, n); }
+  page_handle create_chunk(std::size_t n) override { return in_->create_chunk(n); }
+  void map_chunk(std::uintptr_t va, page_handle h, std::size_t n) override { in_->map_chunk(va, h, n); }
   int device() const noexcept override { return 0; }
   device_properties properties() const override { return in_->properties(); }
 

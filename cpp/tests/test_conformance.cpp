@@ -42,6 +42,11 @@ std::vector<factory> factories() {
                  o.map_ahead = std::size_t{64} << 20;
                  return std::make_shared<pool_resource>(host_dev(), nullptr, o);
                }});
+  f.push_back({"pool_host_chunks", false, [] {
+                 pool_options o;
+                 o.chunk_size = std::size_t{16} << 20;
+                 return std::make_shared<pool_resource>(host_dev(), nullptr, o);
+               }});
   f.push_back({"pool_over_host_resource", false, [] {
                  return std::make_shared<pool_resource>(std::make_shared<page_resource>(host_dev()), nullptr);
                }});
@@ -60,6 +65,17 @@ std::vector<factory> factories() {
                }});
   f.push_back({"pool_vmm_map_ahead", true, [] {
                  pool_options o;
+                 o.map_ahead = std::size_t{64} << 20;
+                 return std::make_shared<pool_resource>(cuda::make_vmm_device(0), cuda::make_stream_ops(0), o);
+               }});
+  f.push_back({"pool_vmm_chunks", true, [] {
+                 pool_options o;
+                 o.chunk_size = std::size_t{16} << 20;
+                 return std::make_shared<pool_resource>(cuda::make_vmm_device(0), cuda::make_stream_ops(0), o);
+               }});
+  f.push_back({"pool_vmm_chunks_map_ahead", true, [] {
+                 pool_options o;
+                 o.chunk_size = std::size_t{16} << 20;
                  o.map_ahead = std::size_t{64} << 20;
                  return std::make_shared<pool_resource>(cuda::make_vmm_device(0), cuda::make_stream_ops(0), o);
                }});

@@ -92,6 +92,8 @@ void bind_resource(nb::module_& m) {
             d["stream_reclaims"] = c.stream_reclaims;
             d["pages_made_ahead"] = c.pages_made_ahead;
             d["pages_ahead_used"] = c.pages_ahead_used;
+            d["chunks_created"] = c.chunks_created;
+            d["chunks_released"] = c.chunks_released;
             d["page_size"] = p->page_size();
             d["options"] = p->options().to_string();
             return d;

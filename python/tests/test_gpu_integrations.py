@@ -36,7 +36,8 @@ def child(code: str, *, env: dict | None = None, timeout: float = 300) -> dict:
 
 # ============================================================ (1) resource conformance on the device
 
-SPECS = ["cuda", "cuda_async", "vmm", "pool:upstream=vmm", "pool:upstream=vmm,map_ahead:64MiB", "pool:upstream=cuda",
+SPECS = ["cuda", "cuda_async", "vmm", "pool:upstream=vmm", "pool:upstream=vmm,map_ahead:64MiB",
+         "pool:upstream=vmm,chunk_size:16MiB", "pool:upstream=cuda",
          "pool:upstream=cuda_async"]
 SIZES = [1, 255, 256, 4097, 1 * MiB, 3 * MiB + 17, 64 * MiB, 1 * GiB]
 
@@ -135,6 +136,43 @@ def test_default_alloc_roundtrip_and_views():
     assert view.copy_to_host() == data[MiB:2 * MiB]
     del view
     buf.free()
+
+
+def test_chunks_hold_data_and_go_back_whole():
+    """chunk_size on the vmm device: blocks grown in 16 MiB handles hold their bytes; after some are
+    freed, release_cached gives back the chunks wholly free (the driver unmaps a handle only whole)
+    and the data of the blocks left is intact; then every byte goes back."""
+    r = vramkit.make_resource("pool:upstream=vmm,chunk_size:16MiB", 0)
+    rng = np.random.default_rng(11)
+    live = []
+    try:
+        for i in range(24):
+            n = (3 + 7 * i) * MiB + 4096 * i
+            p = r.allocate(n)
+            live.append([p, n, _write(rng, p, n)])
+        r.check_invariants()
+        c = r.pool_counters()
+        assert c["chunks_created"] > 0, show(c)
+        for p, n, _ in live[::2]:
+            r.deallocate(p, n)
+        live = live[1::2]
+        r.release_cached()
+        r.check_invariants()
+        assert r.pool_counters()["chunks_released"] > 0, show(r.pool_counters())
+        for p, n, data in live:
+            _check(p, n, data, "chunks after release_cached")
+        # Memory that must move: a request larger than any free place, with the chunks of freed
+        # blocks given back and single pages made.
+        p = r.allocate(600 * MiB)
+        live.append([p, 600 * MiB, _write(rng, p, 600 * MiB)])
+        r.check_invariants()
+        for p, n, data in live:
+            _check(p, n, data, "chunks after a large request")
+    finally:
+        for p, n, _ in live:
+            r.deallocate(p, n)
+    r.release_cached()
+    assert r.state()["reserved_bytes"] == 0
 
 
 def test_map_ahead_pages_made_on_the_helper_thread_hold_data():

@@ -44,6 +44,14 @@ struct pool_options {
   // a 32nd of the pool's pages (at least 4), at most map_ahead bytes (0: off).
   // They count as reserved; a request elsewhere takes them before stealing.
   std::size_t map_ahead = 0;
+  // Bulk growth in chunks: where the large arena grows under one block, the
+  // pool creates physical memory in handles of chunk_size bytes (a multiple
+  // of the page size, at least two pages), each mapped whole at a
+  // chunk-aligned place, with single pages for the rest. Fewer, larger
+  // handles cost fewer driver calls, and kernels streaming over them run
+  // faster. A chunk never moves: when the pool must move memory, it gives a
+  // chunk lying wholly in free memory back and makes pages instead (0: off).
+  std::size_t chunk_size = 0;
   // Virtual address space reserved per arena, as a multiple of the capacity.
   double va_factor = 2.0;
 

@@ -10,6 +10,7 @@
 
 // The parts, in this one translation unit: calls between them inline as
 // within one file (CMakeLists.txt leaves them out of the source list).
+#include "pool/chunks.cpp"
 #include "pool/diagnostics.cpp"
 #include "pool/page_ahead.cpp"
 #include "pool/page_mapping.cpp"
@@ -38,6 +39,12 @@ void pool_resource::impl::init_paged() {
   capacity = pages->capacity();
   dev = pages->device();
   init_common();
+  if (opt.chunk_size) {
+    if (opt.chunk_size % page || opt.chunk_size < 2 * page)
+      throw invalid_argument("chunk_size " + std::to_string(opt.chunk_size) + " must be a multiple of the page size (" +
+                             std::to_string(page) + " bytes) of at least two pages, or 0");
+    chunk = opt.chunk_size / page;
+  }
   std::size_t va = round_up(static_cast<std::size_t>(static_cast<double>(capacity) * opt.va_factor), page);
   va = std::max(va, page * 64);
   for (bool small : {true, false}) {
@@ -51,6 +58,7 @@ void pool_resource::impl::init_paged() {
     a->mapped_bits.assign((np + 63) / 64, 0);
     a->ahead_bits.assign((np + 63) / 64, 0);
     a->phys.assign(np, 0);
+    if (chunk > 1 && !small) a->chunk_bits.assign((np + 63) / 64, 0);
     block* b = blocks.make();
     b->addr = a->base;
     b->size = va;
@@ -96,7 +104,9 @@ pool_resource::impl::~impl() {
   for (auto* a : arenas) {
     if (a->paged) {
       for (std::size_t p = 0; p < a->top; ++p)
-        if (a->handles[p])
+        if (a->in_chunk(p)) {
+          if (p % chunk == 0) pages->destroy(a->handles[p]);  // one handle for the chunk's pages
+        } else if (a->handles[p])
           pages->destroy(a->handles[p]);
         else if (a->ahead(p))
           pages->destroy(a->phys[p]);

@@ -57,8 +57,36 @@ page_handle host_page_device::create() {
 
 void host_page_device::destroy(page_handle h) noexcept {
   std::lock_guard<std::mutex> lk(mu_);
+  if (h & chunk_bit) {
+    auto it = chunks_.find(h);
+    if (it == chunks_.end()) return;
+    created_.fetch_sub(it->second);
+    chunks_.erase(it);
+    return;
+  }
   free_ids_.push_back(h);
   created_.fetch_sub(1);
+}
+
+page_handle host_page_device::create_chunk(std::size_t pages) {
+  if (pages == 0) throw invalid_argument("host device: a chunk of 0 pages");
+  std::lock_guard<std::mutex> lk(mu_);
+  if ((created_.load() + pages) * granularity_ > capacity_) return 0;
+  page_handle h = next_chunk_++;
+  chunks_.emplace(h, pages);
+  created_.fetch_add(pages);
+  return h;
+}
+
+void host_page_device::map_chunk(std::uintptr_t va, page_handle h, std::size_t pages) {
+  {
+    std::lock_guard<std::mutex> lk(mu_);
+    auto it = chunks_.find(h);
+    if (it == chunks_.end() || it->second != pages)
+      throw invalid_argument("host device: map_chunk of " + std::to_string(pages) +
+                             " pages names no chunk of that size");
+  }
+  map(va, &h, pages);
 }
 
 void host_page_device::map(std::uintptr_t va, const page_handle*, std::size_t count) {

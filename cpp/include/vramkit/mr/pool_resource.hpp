@@ -30,6 +30,8 @@ struct pool_counters {
   std::size_t stream_reclaims = 0;  // free blocks handed from one stream to all
   std::size_t pages_made_ahead = 0; // map_ahead: pages the helper thread created and mapped
   std::size_t pages_ahead_used = 0; // map_ahead: of those, pages a block found ready where it was placed
+  std::size_t chunks_created = 0;   // chunk_size: chunks made (their pages count in pages_created/mapped)
+  std::size_t chunks_released = 0;  // chunk_size: chunks given back (their pages count in pages_destroyed/unmapped)
 };
 
 struct block_info {
@@ -86,6 +88,7 @@ class pool_resource final : public device_resource {
     std::size_t free_interior_mapped[2] = {0, 0};
     std::size_t spare = 0;
     std::size_t ahead = 0;  // map_ahead: pages made ahead, and the batch being made
+    std::size_t in_chunks = 0;  // chunk_size: mapped pages that belong to chunks
   };
   page_usage usage() const;
 

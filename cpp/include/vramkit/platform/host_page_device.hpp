@@ -4,6 +4,7 @@
 #pragma once
 #include <atomic>
 #include <mutex>
+#include <unordered_map>
 #include <vector>
 
 #include "vramkit/platform/page_device.hpp"
@@ -23,6 +24,8 @@ class host_page_device final : public page_device {
   void unreserve(std::uintptr_t va, std::size_t bytes) noexcept override;
   page_handle create() override;
   void destroy(page_handle h) noexcept override;
+  page_handle create_chunk(std::size_t pages) override;
+  void map_chunk(std::uintptr_t va, page_handle h, std::size_t pages) override;
   void map(std::uintptr_t va, const page_handle* handles, std::size_t count) override;
   void unmap(std::uintptr_t va, std::size_t count) noexcept override;
   bool map_replaces() const noexcept override { return true; }  // mmap(MAP_FIXED) replaces
@@ -37,6 +40,10 @@ class host_page_device final : public page_device {
   std::mutex mu_;
   std::vector<page_handle> free_ids_;
   page_handle next_id_ = 1;
+  // Chunks: ids from their own range, each with its size in pages.
+  static constexpr page_handle chunk_bit = page_handle{1} << 62;
+  std::unordered_map<page_handle, std::size_t> chunks_;
+  page_handle next_chunk_ = chunk_bit | 1;
 };
 
 }  // namespace vramkit

@@ -30,7 +30,20 @@ class page_device {
   // Creates one page of physical memory. Returns 0 when the device has none
   // left; throws cuda_error on any other failure.
   virtual page_handle create() = 0;
+  // Destroys a page or a chunk.
   virtual void destroy(page_handle h) noexcept = 0;
+
+  // Chunks: one physical allocation of `pages` pages, mapped whole (the CUDA
+  // driver maps a handle only from its start and only all of it). Fewer,
+  // larger handles cost fewer driver calls per byte, and kernels streaming
+  // through them see more memory per address translation. A chunk never
+  // moves: it is mapped once and given back whole. create_chunk returns 0
+  // when the device has no room or makes no chunks (the default).
+  virtual page_handle create_chunk(std::size_t /*pages*/) { return 0; }
+  // Maps the whole chunk h (of `pages` pages) at va; unmap(va, pages) undoes it.
+  virtual void map_chunk(std::uintptr_t /*va*/, page_handle /*h*/, std::size_t /*pages*/) {
+    throw invalid_argument("this page device makes no chunks");
+  }
 
   // Maps `count` pages starting at va (page-aligned, inside a reservation).
   virtual void map(std::uintptr_t va, const page_handle* handles, std::size_t count) = 0;

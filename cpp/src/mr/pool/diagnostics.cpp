@@ -40,7 +40,7 @@ memory_state pool_resource::impl::state() const {
 void pool_resource::impl::check() const {
   std::lock_guard<std::mutex> lk(mu);
   auto fail = [](const std::string& what) { throw error("pool invariant broken: " + what); };
-  std::size_t live_sum = 0, live_n = 0, mapped_pages = 0, stale_pages = 0, ahead_count = 0;
+  std::size_t live_sum = 0, live_n = 0, mapped_pages = 0, stale_pages = 0, ahead_count = 0, chunk_count = 0;
   std::vector<page_handle> in_use(spare_handles.begin(), spare_handles.end()), kept;
   for (auto* a : arenas) {
     std::uintptr_t at = a->base;
@@ -89,7 +89,7 @@ void pool_resource::impl::check() const {
       };
       const std::size_t wtop = (a->top + 63) / 64;
       if (!zero(a->handles, a->top) || !zero(a->phys, a->top) || !zero(a->mapped_bits, wtop) ||
-          !zero(a->ahead_bits, wtop))
+          !zero(a->ahead_bits, wtop) || (!a->chunk_bits.empty() && !zero(a->chunk_bits, wtop)))
         fail("a page in use or mapped above the arena's top");
       for (std::size_t p = a->top; p < std::min(wtop * 64, a->handles.size()); ++p)
         if (a->mapped(p) || a->ahead(p)) fail("a page in use or mapped above the arena's top");
@@ -101,6 +101,21 @@ void pool_resource::impl::check() const {
             fail("a page made ahead is in use, not mapped or in the small arena");
           in_use.push_back(a->phys[p]);
           ++ahead_count;
+          continue;
+        }
+        if (a->in_chunk(p)) {
+          // A chunk: mapped whole, one handle, at a multiple of its size.
+          const std::size_t c = p / chunk * chunk;
+          if (c + chunk > a->top || !a->mapped(p) || a->handles[p] != a->handles[c] || a->phys[p] != a->handles[p] ||
+              !a->handles[p])
+            fail("a chunk is not mapped whole under one handle");
+          if (p == c) {
+            for (std::size_t q = c; q < c + chunk; ++q)
+              if (!a->in_chunk(q)) fail("a chunk is not mapped whole under one handle");
+            in_use.push_back(a->handles[p]);
+          }
+          ++chunk_count;
+          ++mapped_pages;
           continue;
         }
         if (a->mapped(p) != (a->handles[p] != 0)) fail("page map and handles disagree");
@@ -123,6 +138,7 @@ void pool_resource::impl::check() const {
   for (page_handle h : kept)
     if (!std::binary_search(in_use.begin(), in_use.end(), h)) fail("a mapping kept of a page given back");
   if (ahead_count != ahead_pages) fail("the count of pages made ahead is stale");
+  if (chunk_count != chunk_pages) fail("the count of pages in chunks is stale");
   if (!upstream && (mapped_pages + spare_handles.size()) * page + held_ahead_bytes() != reserved)
     fail("reserved != mapped + spare + ahead pages");
 }
@@ -195,6 +211,7 @@ pool_resource::page_usage pool_resource::impl::usage() const {
   }
   u.spare = spare_handles.size();
   u.ahead = held_ahead_bytes() / page;
+  u.in_chunks = chunk_pages;
   return u;
 }
 

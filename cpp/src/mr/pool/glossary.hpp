@@ -65,6 +65,14 @@
 //                (ahead bit, `phys[p]` set, `handles[p]` 0). A block placed
 //                over it takes it as it is; a block elsewhere may take it when
 //                no page may be created. `inflight` is the batch being made.
+//   chunk        (chunk_size) One physical handle over `chunk` pages of the
+//                large arena, at a multiple of `chunk`, mapped whole (the
+//                driver maps a handle only from its start and only all of it).
+//                Made where a block's interior grows over whole chunk places;
+//                never moved or stolen page by page: when memory must move, a
+//                chunk lying wholly inside a free block is given back instead
+//                (its room lets single pages be made), and trim gives chunks
+//                back the same way. `chunk_bits` marks its pages.
 //
 // Growth and release
 //   need live    The live bytes once the block being placed is handed out;

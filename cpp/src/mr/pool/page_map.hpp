@@ -2,6 +2,7 @@
 // paged, which physical page backs each of its pages and which the device
 // still maps there. Words used here are defined in glossary.hpp.
 #pragma once
+#include <algorithm>
 #include <bit>
 #include <cstddef>
 #include <cstdint>
@@ -32,9 +33,20 @@ struct arena {
   // needed them (`phys[p]` is the page; not in use: `handles[p]` is 0). A
   // block placed over one takes it as it is, with no call.
   std::vector<std::uint64_t> ahead_bits;
+  // chunk_size: pages that belong to a chunk (one handle over `chunk` pages
+  // starting at a multiple of `chunk`; `handles[p]` and `phys[p]` name it at
+  // each of them). Chunk pages are always mapped and never move.
+  std::vector<std::uint64_t> chunk_bits;
 
   bool mapped(std::size_t p) const { return mapped_bits[p >> 6] >> (p & 63) & 1; }
   bool ahead(std::size_t p) const { return ahead_bits[p >> 6] >> (p & 63) & 1; }
+  bool in_chunk(std::size_t p) const { return !chunk_bits.empty() && (chunk_bits[p >> 6] >> (p & 63) & 1); }
+  void set_in_chunk(std::size_t p, bool on) {
+    if (on)
+      chunk_bits[p >> 6] |= std::uint64_t{1} << (p & 63);
+    else
+      chunk_bits[p >> 6] &= ~(std::uint64_t{1} << (p & 63));
+  }
   void set_ahead(std::size_t p, bool on) {
     if (on)
       ahead_bits[p >> 6] |= std::uint64_t{1} << (p & 63);
@@ -68,6 +80,15 @@ inline std::size_t last_page_where(std::size_t lo, std::size_t hi, Word word) {
     p = w << 6;
   }
   return lo;
+}
+
+// The bits of word w (pages 64w .. 64w+63) for the pages in [from, to).
+inline std::uint64_t word_range(std::size_t w, std::size_t from, std::size_t to) {
+  const std::size_t b0 = w << 6;
+  const std::size_t s = std::max(from, b0), e = std::min(to, b0 + 64);
+  if (s >= e) return 0;
+  const std::uint64_t below_e = e - b0 == 64 ? ~std::uint64_t{0} : (std::uint64_t{1} << (e - b0)) - 1;
+  return below_e & (~std::uint64_t{0} << (s - b0));
 }
 
 // The highest mapped page in [lo, hi], or lo when none is.

@@ -41,8 +41,26 @@ bool pool_resource::impl::back(detail::arena* a, std::uintptr_t addr, std::size_
       if (armed) self->unuse_ahead(a);
     }
   } undo{this, a, used > 0};
+  // chunk_size: bulk growth in chunks over the block's interior, single
+  // pages for the rest (spares first: they are memory the pool holds
+  // already). Unless the block ends up backed, the chunks go back.
+  thread_local std::vector<std::size_t> chunks_made;
+  chunks_made.clear();
+  struct give_back_chunks {
+    impl* self;
+    detail::arena* a;
+    bool armed;
+    ~give_back_chunks() {
+      if (armed) self->undo_chunks(a, chunks_made);
+    }
+  } undo_chunks_guard{this, a, false};
+  if (chunk && !a->small && n >= chunk && n > spare_handles.size()) {
+    undo_chunks_guard.armed = true;
+    n -= make_chunks(a, addr, size, need_live, n - spare_handles.size(), chunks_made);
+  }
   if (n == 0) {
     undo.armed = false;
+    undo_chunks_guard.armed = false;
     return true;
   }
   // Pages the block shares with its neighbours (partly covered) take the
@@ -125,6 +143,7 @@ bool pool_resource::impl::back(detail::arena* a, std::uintptr_t addr, std::size_
     throw;
   }
   undo.armed = false;
+  undo_chunks_guard.armed = false;
   return true;
 }
 

@@ -39,7 +39,10 @@ page_handle pool_resource::impl::create_page() {
 // Takes up to `want` mapped pages wholly inside a stealable free
 // block of `slot` (one contiguous run, from its high end; unmapped in one
 // call, or kept mapped there with keep_mappings) and
-// appends their physical pages to out. Returns how many it took.
+// appends their physical pages to out. Returns how many pages it took or,
+// where the highest page it may take is a chunk's (chunk_size), gives that
+// chunk back instead and returns its page count (out unchanged: the room it
+// frees lets the caller create pages).
 std::size_t pool_resource::impl::steal(std::uint32_t slot, std::size_t want, std::vector<page_handle>& out) {
   auto& s = slots[slot];
   block* b = s.steal_head;
@@ -56,14 +59,50 @@ std::size_t pool_resource::impl::steal(std::uint32_t slot, std::size_t want, std
       b = c;
     }
   }
+  // The highest page of a free block that may move: mapped, and not in a
+  // chunk that reaches outside the block (lo when none is; the caller checks).
+  auto movable_top = [&](const block* x, std::size_t lo, std::size_t hi) {
+    const detail::arena* xa = x->ar;
+    if (xa->chunk_bits.empty() || !chunk_pages) return last_mapped_page(xa, lo, hi - 1);
+    const std::size_t clo = round_up(lo, chunk), chi = hi / chunk * chunk;  // chunks wholly inside
+    return detail::last_page_where(lo, hi - 1, [&](std::size_t w) {
+      return xa->mapped_bits[w] & ~(xa->chunk_bits[w] & ~detail::word_range(w, clo, chi));
+    });
+  };
+  auto movable = [&](const detail::arena* xa, std::size_t p, std::size_t lo, std::size_t hi) {
+    if (!xa->mapped(p)) return false;
+    if (!xa->in_chunk(p)) return true;
+    std::size_t c = p / chunk * chunk;
+    return c >= lo && c + chunk <= hi;
+  };
+  std::size_t lo = 0, hi = 0, p = 0;
+  auto try_block = [&](const block* x) {
+    lo = round_up(x->addr - x->ar->base, page) / page;
+    hi = (x->addr + x->size - x->ar->base) / page;
+    if (hi <= lo) return false;
+    p = movable_top(x, lo, hi);
+    return p >= lo && p < hi && movable(x->ar, p, lo, hi);
+  };
+  if (!try_block(b)) {
+    // Only chunks reaching outside it are mapped there: the first block of
+    // the list that has a page to give (none without chunks while the
+    // invariants hold).
+    b = nullptr;
+    for (block* c = s.steal_head; c; c = c->snext)
+      if (try_block(c)) {
+        b = c;
+        break;
+      }
+    if (!b) return 0;
+  }
   detail::arena* a = b->ar;
-  std::size_t lo = round_up(b->addr - a->base, page) / page;
-  std::size_t hi = (b->addr + b->size - a->base) / page;
-  if (hi <= lo) return 0;  // cannot happen while invariants hold
-  std::size_t p = last_mapped_page(a, lo, hi - 1);
-  if (p < lo || p >= hi || !a->mapped(p)) return 0;  // cannot happen while invariants hold
+  if (a->in_chunk(p)) {
+    give_back_chunk(a, p / chunk * chunk);
+    slots.pages_taken(b, chunk);
+    return chunk;
+  }
   std::size_t first = p;
-  while (first > lo && a->mapped(first - 1) && p + 1 - first < want) --first;
+  while (first > lo && a->mapped(first - 1) && !a->in_chunk(first - 1) && p + 1 - first < want) --first;
   std::size_t k = p + 1 - first;
   if (opt.keep_mappings) {
     stale += k;  // still mapped there, no longer in use there

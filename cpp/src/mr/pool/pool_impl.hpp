@@ -7,6 +7,7 @@
 //   page_supply.cpp    physical pages for a placement: spares, new pages, steals
 //   page_mapping.cpp   mapping pages under a block; kept mappings
 //   page_ahead.cpp     map_ahead: pages made ready on a helper thread where the pool grows
+//   chunks.cpp         chunk_size: bulk growth in large handles that never move
 //   stream_reuse.cpp   frees on other streams: pending blocks, slot reclaims
 //   release.cpp        giving memory back: trim, release_cached, segments
 //   diagnostics.cpp    invariants, reports, the out-of-memory message
@@ -49,6 +50,7 @@ struct pool_resource::impl {
   std::shared_ptr<stream_ops> streams;
   pool_options opt;
   std::size_t page = 0;      // page size (paged) or segment granularity
+  std::size_t chunk = 0;     // chunk_size in pages (0: no chunks)
   std::size_t capacity = 0;  // device capacity
   std::size_t limit = 0;     // reserve limit in force
   int dev = 0;
@@ -121,6 +123,13 @@ struct pool_resource::impl {
   bool acquire(std::size_t n, std::size_t need_live, std::uint32_t slot, std::vector<page_handle>& out);
   bool acquire_some(std::size_t n, std::size_t need_live, std::uint32_t slot, std::vector<page_handle>& out);
   void drop_pages(const std::vector<page_handle>& hs) noexcept;
+
+  // ---- chunks (chunks.cpp) -----------------------------------------------
+  std::size_t chunk_pages = 0;  // pages held in chunks
+  std::size_t make_chunks(detail::arena* a, std::uintptr_t addr, std::size_t size, std::size_t need_live,
+                          std::size_t want, std::vector<std::size_t>& made);
+  void undo_chunks(detail::arena* a, const std::vector<std::size_t>& made) noexcept;
+  void give_back_chunk(detail::arena* a, std::size_t c) noexcept;
 
   // ---- page mapping (page_mapping.cpp) -----------------------------------
   bool back(detail::arena* a, std::uintptr_t addr, std::size_t size, std::size_t need_live, std::uint32_t slot,

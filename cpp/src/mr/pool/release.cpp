@@ -38,8 +38,9 @@ void pool_resource::impl::trim_to(std::size_t target, bool on_free) {
   std::vector<page_handle> hs;
   while (cached() > target) {
     hs.clear();
-    std::size_t k = steal(0, (cached() - target + page - 1) / page, hs);  // only memory no stream still uses
-    if (!k) break;
+    // Only memory no stream still uses; a chunk it meets is given back there.
+    if (!steal(0, (cached() - target + page - 1) / page, hs)) break;
+    std::size_t k = hs.size();
     ctr.pages_remapped -= k;
     drop_pages(hs);
     reserved -= k * page;

@@ -167,8 +167,39 @@ class vmm_device final : public page_device {
     return static_cast<page_handle>(h);
   }
   void destroy(page_handle h) noexcept override {
+    std::size_t n = 1;
+    {
+      std::lock_guard<std::mutex> lk(chunks_mu_);
+      auto it = chunks_.find(h);
+      if (it != chunks_.end()) {
+        n = it->second;
+        chunks_.erase(it);
+      }
+    }
     driver().release(static_cast<CUmemGenericAllocationHandle>(h));
-    --created_;
+    created_ -= n;
+  }
+  page_handle create_chunk(std::size_t pages) override {
+    if (pages == 0) throw invalid_argument("vmm: a chunk of 0 pages");
+    CUmemGenericAllocationHandle h = 0;
+    CUresult r = driver().create(&h, pages * granularity_, &prop_, 0);
+    if (r == CUDA_ERROR_OUT_OF_MEMORY) return 0;
+    if (r != CUDA_SUCCESS) fail_drv(r, "cuMemCreate");
+    {
+      std::lock_guard<std::mutex> lk(chunks_mu_);
+      chunks_.emplace(static_cast<page_handle>(h), pages);
+    }
+    created_ += pages;
+    return static_cast<page_handle>(h);
+  }
+  void map_chunk(std::uintptr_t va, page_handle h, std::size_t pages) override {
+    const std::size_t bytes = pages * granularity_;
+    VK_DRV(driver().map(static_cast<CUdeviceptr>(va), bytes, 0, static_cast<CUmemGenericAllocationHandle>(h), 0));
+    CUresult r = driver().set_access(static_cast<CUdeviceptr>(va), bytes, access_.data(), access_.size());
+    if (r != CUDA_SUCCESS) {
+      driver().unmap(static_cast<CUdeviceptr>(va), bytes);
+      fail_drv(r, "cuMemSetAccess");
+    }
   }
   void map(std::uintptr_t va, const page_handle* handles, std::size_t count) override {
     std::size_t done = 0;
@@ -194,7 +225,9 @@ class vmm_device final : public page_device {
  private:
   int device_;
   std::size_t granularity_ = 0, capacity_ = 0;
-  std::atomic<std::size_t> created_{0};  // create/destroy may run on several threads
+  std::atomic<std::size_t> created_{0};  // pages; create/destroy may run on several threads
+  std::mutex chunks_mu_;
+  std::unordered_map<page_handle, std::size_t> chunks_;  // chunk handle -> its pages
   CUmemAllocationProp prop_{};
   std::vector<CUmemAccessDesc> access_;
 };

@@ -1,0 +1,232 @@
+// chunk_size: where the large arena grows under one block, the pool creates
+// chunks (one handle over several pages, mapped whole) and single pages for
+// the rest. Chunks never move: the pool gives a chunk lying wholly in free
+// memory back when it must move memory, and keeps a chunk that a live block
+// still touches. Host page device (real mmap'd pages).
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "forwarding_device.hpp"
+#include "vramkit/error.hpp"
+#include "vramkit/mr/pool_resource.hpp"
+#include "vramkit/platform/host_page_device.hpp"
+
+using namespace vramkit;
+
+namespace {
+constexpr std::size_t MiB = std::size_t{1} << 20, GiB = std::size_t{1} << 30, PG = 2 * MiB;
+
+pool_options chunks(std::size_t bytes, double slack = 0.02) {
+  pool_options o;
+  o.chunk_size = bytes;
+  o.growth_slack = slack;
+  return o;
+}
+
+// Counts chunk calls; fails the k-th map_chunk or create_chunk when asked;
+// makes no chunks at all with `none`.
+class chunk_device final : public test::forwarding_device {
+ public:
+  explicit chunk_device(std::shared_ptr<page_device> in) : forwarding_device(std::move(in)) {}
+  page_handle create_chunk(std::size_t n) override {
+    if (none) return 0;
+    if (fail_create_at && ++creates == fail_create_at) throw cuda_error("injected create_chunk failure", 1);
+    return in_->create_chunk(n);
+  }
+  void map_chunk(std::uintptr_t va, page_handle h, std::size_t n) override {
+    if (fail_map_at && ++maps == fail_map_at) throw cuda_error("injected map_chunk failure", 1);
+    in_->map_chunk(va, h, n);
+  }
+  bool map_replaces() const noexcept override { return in_->map_replaces(); }
+  std::string name() const override { return "chunks"; }
+  bool none = false;
+  int fail_create_at = 0, fail_map_at = 0, creates = 0, maps = 0;
+};
+
+// What the pool holds equals what the device holds, and the invariants hold.
+void consistent(const pool_resource& pool, const page_device& dev) {
+  pool.check_invariants();
+  EXPECT_EQ(pool.state().reserved_bytes, dev.created_bytes());
+}
+}  // namespace
+
+TEST(pool_chunks, bulk_growth_comes_in_chunks_and_single_pages_for_the_rest) {
+  auto dev = std::make_shared<host_page_device>(4 * GiB);
+  pool_resource pool(dev, nullptr, chunks(8 * MiB));
+  // 70 MiB at the large arena's start: pages 0..34, chunks of 4 pages over
+  // 0..31, single pages for 32..34.
+  void* a = pool.allocate(70 * MiB, 0);
+  auto c = pool.counters();
+  EXPECT_EQ(c.chunks_created, 8u);
+  EXPECT_EQ(c.pages_created, 35u);
+  EXPECT_EQ(pool.usage().in_chunks, 32u);
+  consistent(pool, *dev);
+  std::memset(a, 0x5a, 70 * MiB);  // all of it is memory
+  // Freed and asked for again: the same place, nothing created or mapped.
+  pool.deallocate(a, 70 * MiB, 0);
+  void* b = pool.allocate(70 * MiB, 0);
+  EXPECT_EQ(b, a);
+  EXPECT_EQ(pool.counters().pages_created, 35u);
+  EXPECT_EQ(pool.counters().pages_mapped, c.pages_mapped);
+  pool.deallocate(b, 70 * MiB, 0);
+  consistent(pool, *dev);
+}
+
+TEST(pool_chunks, release_gives_back_chunks_wholly_free_and_keeps_those_a_live_block_touches) {
+  auto dev = std::make_shared<host_page_device>(4 * GiB);
+  pool_resource pool(dev, nullptr, chunks(8 * MiB));
+  void* a = pool.allocate(64 * MiB, 0);
+  ASSERT_EQ(pool.counters().chunks_created, 8u);
+  pool.deallocate(a, 64 * MiB, 0);
+  void* b = pool.allocate(10 * MiB, 0);  // over the first chunks, in place
+  EXPECT_EQ(b, a);
+  pool.release_cached();
+  consistent(pool, *dev);
+  // 10 MiB touch pages 0..4: chunks 0 and 1 stay, the six others went back.
+  EXPECT_EQ(pool.counters().chunks_released, 6u);
+  EXPECT_EQ(pool.usage().in_chunks, 8u);
+  EXPECT_EQ(pool.state().reserved_bytes, 16 * MiB);
+  std::memset(b, 1, 10 * MiB);
+  pool.deallocate(b, 10 * MiB, 0);
+  pool.release_cached();
+  consistent(pool, *dev);
+  EXPECT_EQ(pool.state().reserved_bytes, 0u);
+  EXPECT_EQ(dev->created_bytes(), 0u);
+  EXPECT_EQ(pool.counters().chunks_released, 8u);
+}
+
+TEST(pool_chunks, memory_that_must_move_comes_from_a_chunk_given_back) {
+  auto dev = std::make_shared<host_page_device>(4 * GiB);
+  pool_resource pool(dev, nullptr, chunks(8 * MiB, 0.0));
+  void* a = pool.allocate(64 * MiB, 0);     // chunks over pages 0..31
+  void* keep = pool.allocate(2 * MiB, 0);   // page 32: A's place cannot grow
+  pool.deallocate(a, 64 * MiB, 0);
+  // 100 MiB do not fit in A's place; with no growth slack the pool moves
+  // memory rather than grow past the peak: A's chunks are given back and
+  // single pages made where the block goes.
+  void* b = pool.allocate(100 * MiB, 0);
+  auto c = pool.counters();
+  EXPECT_GT(c.chunks_released, 0u);
+  consistent(pool, *dev);
+  EXPECT_LE(pool.state().reserved_bytes, 102 * MiB + 8 * MiB);
+  std::memset(b, 3, 100 * MiB);
+  pool.deallocate(b, 100 * MiB, 0);
+  pool.deallocate(keep, 2 * MiB, 0);
+  pool.release_cached();
+  consistent(pool, *dev);
+  EXPECT_EQ(dev->created_bytes(), 0u);
+}
+
+TEST(pool_chunks, a_device_without_chunks_gets_single_pages) {
+  auto inner = std::make_shared<host_page_device>(4 * GiB);
+  auto dev = std::make_shared<chunk_device>(inner);
+  dev->none = true;
+  pool_resource pool(dev, nullptr, chunks(8 * MiB));
+  void* a = pool.allocate(64 * MiB, 0);
+  EXPECT_EQ(pool.counters().chunks_created, 0u);
+  EXPECT_EQ(pool.counters().pages_created, 32u);
+  consistent(pool, *dev);
+  pool.deallocate(a, 64 * MiB, 0);
+}
+
+TEST(pool_chunks, a_failing_chunk_call_loses_nothing) {
+  for (int which : {0, 1}) {
+    for (int at : {1, 3}) {
+      auto inner = std::make_shared<host_page_device>(4 * GiB);
+      auto dev = std::make_shared<chunk_device>(inner);
+      (which ? dev->fail_map_at : dev->fail_create_at) = at;
+      pool_resource pool(dev, nullptr, chunks(8 * MiB));
+      void* keep = pool.allocate(4 * MiB, 0);
+      EXPECT_THROW(pool.allocate(64 * MiB, 0), cuda_error);
+      consistent(pool, *dev);
+      EXPECT_EQ(pool.usage().in_chunks, 0u);  // the chunks made before the failure went back
+      // The pool goes on: the next request gets its memory.
+      void* a = pool.allocate(64 * MiB, 0);
+      std::memset(a, 7, 64 * MiB);
+      consistent(pool, *dev);
+      pool.deallocate(a, 64 * MiB, 0);
+      pool.deallocate(keep, 4 * MiB, 0);
+      pool.release_cached();
+      EXPECT_EQ(dev->created_bytes(), 0u);
+    }
+  }
+}
+
+TEST(pool_chunks, reserve_limit_and_out_of_memory) {
+  auto dev = std::make_shared<host_page_device>(4 * GiB);
+  pool_options o = chunks(16 * MiB);
+  o.reserve_limit = 100 * MiB;
+  pool_resource pool(dev, nullptr, o);
+  void* a = pool.allocate(90 * MiB, 0);
+  EXPECT_LE(pool.state().reserved_bytes, 100 * MiB);
+  EXPECT_THROW(pool.allocate(20 * MiB, 0), out_of_memory);
+  consistent(pool, *dev);
+  pool.deallocate(a, 90 * MiB, 0);
+  // Everything free: a request of the whole limit elsewhere gets the chunks' memory back.
+  void* keep = pool.allocate(2 * MiB, 0);
+  void* b = pool.allocate(96 * MiB, 0);
+  consistent(pool, *dev);
+  EXPECT_LE(pool.state().reserved_bytes, 100 * MiB);
+  pool.deallocate(b, 96 * MiB, 0);
+  pool.deallocate(keep, 2 * MiB, 0);
+}
+
+TEST(pool_chunks, trim_to_release_threshold_gives_chunks_back) {
+  auto dev = std::make_shared<host_page_device>(4 * GiB);
+  pool_options o = chunks(8 * MiB);
+  o.release_threshold = 0;
+  pool_resource pool(dev, nullptr, o);
+  void* a = pool.allocate(64 * MiB, 0);
+  pool.deallocate(a, 64 * MiB, 0);
+  consistent(pool, *dev);
+  EXPECT_EQ(pool.state().reserved_bytes, 0u);
+  EXPECT_EQ(pool.counters().chunks_released, pool.counters().chunks_created);
+}
+
+TEST(pool_chunks, random_work_keeps_the_invariants) {
+  for (std::size_t chunk : {4 * MiB, 16 * MiB, 20 * MiB}) {
+    auto dev = std::make_shared<host_page_device>(8 * GiB);
+    pool_options o = chunks(chunk);
+    o.reserve_limit = 3 * GiB;
+    pool_resource pool(dev, nullptr, o);
+    std::mt19937_64 rng(static_cast<unsigned>(chunk >> 20));
+    std::vector<std::pair<void*, std::size_t>> live;
+    for (int i = 0; i < 4000; ++i) {
+      if (live.empty() || rng() % 100 < 55) {
+        std::size_t n = rng() % 4 == 0 ? (1 + rng() % 200) * MiB : 1 + rng() % (4 * MiB);
+        try {
+          void* p = pool.allocate(n, rng() % 3 == 0 ? 7 : 0);
+          static_cast<char*>(p)[n - 1] = 1;
+          live.emplace_back(p, n);
+        } catch (const out_of_memory&) {
+        }
+      } else {
+        std::size_t k = rng() % live.size();
+        pool.deallocate(live[k].first, live[k].second, 0);
+        live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
+      }
+      if (i % 97 == 0) pool.check_invariants();
+      if (i % 1000 == 999) pool.release_cached();
+    }
+    consistent(pool, *dev);
+    for (auto& [p, n] : live) pool.deallocate(p, n, 0);
+    pool.release_cached();
+    consistent(pool, *dev);
+    EXPECT_EQ(dev->created_bytes(), 0u) << chunk;
+    EXPECT_GT(pool.counters().chunks_created, 0u);
+  }
+}
+
+TEST(pool_chunks, chunk_size_must_be_pages) {
+  auto dev = std::make_shared<host_page_device>(GiB);
+  EXPECT_THROW(pool_resource(dev, nullptr, chunks(3 * MiB)), invalid_argument);
+  EXPECT_THROW(pool_resource(dev, nullptr, chunks(PG)), invalid_argument);
+  pool_options o;
+  o.parse("chunk_size:16MiB");
+  EXPECT_EQ(o.chunk_size, 16 * MiB);
+  EXPECT_NE(o.to_string().find("chunk_size:16777216"), std::string::npos);
+  EXPECT_THROW(o.parse("chunk_size:lots"), invalid_argument);
+}
