@@ -223,7 +223,21 @@ TEST(pool_chunks, random_work_keeps_the_invariants) {
 TEST(pool_chunks, chunk_size_must_be_pages) {
   auto dev = std::make_shared<host_page_device>(GiB);
   EXPECT_THROW(pool_resource(dev, nullptr, chunks(3 * MiB)), invalid_argument);
-  EXPECT_THROW(pool_resource(dev, nullptr, chunks(PG)), invalid_argument);
+  EXPECT_THROW(pool_resource(dev, nullptr, chunks(5 * MiB)), invalid_argument);
+  {
+    // One page or less: single pages only (page_size raised past the default chunk_size).
+    pool_resource one(dev, nullptr, chunks(PG));
+    void* p = one.allocate(64 * MiB, 0);
+    EXPECT_EQ(one.counters().chunks_created, 0u);
+    one.deallocate(p, 64 * MiB, 0);
+    pool_options big;
+    big.page_size = 32 * MiB;
+    auto dev32 = std::make_shared<host_page_device>(GiB, 32 * MiB);
+    pool_resource coarse(dev32, nullptr, big);  // default chunk_size (16 MiB) below the page
+    void* q = coarse.allocate(100 * MiB, 0);
+    EXPECT_EQ(coarse.counters().chunks_created, 0u);
+    coarse.deallocate(q, 100 * MiB, 0);
+  }
   pool_options o;
   o.parse("chunk_size:16MiB");
   EXPECT_EQ(o.chunk_size, 16 * MiB);

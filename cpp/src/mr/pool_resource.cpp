@@ -39,10 +39,12 @@ void pool_resource::impl::init_paged() {
   capacity = pages->capacity();
   dev = pages->device();
   init_common();
-  if (opt.chunk_size) {
-    if (opt.chunk_size % page || opt.chunk_size < 2 * page)
+  // Chunks of one page or less are single pages: no chunks (page_size may
+  // have been raised to or past the default chunk_size).
+  if (opt.chunk_size > page) {
+    if (opt.chunk_size % page)
       throw invalid_argument("chunk_size " + std::to_string(opt.chunk_size) + " must be a multiple of the page size (" +
-                             std::to_string(page) + " bytes) of at least two pages, or 0");
+                             std::to_string(page) + " bytes), or at most one page for none");
     chunk = opt.chunk_size / page;
   }
   std::size_t va = round_up(static_cast<std::size_t>(static_cast<double>(capacity) * opt.va_factor), page);

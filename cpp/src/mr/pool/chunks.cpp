@@ -38,6 +38,7 @@ std::size_t pool_resource::impl::make_chunks(detail::arena* a, std::uintptr_t ad
       if (a->mapped(p) || a->ahead(p) || a->phys[p]) return false;
     return true;
   };
+  made.reserve(made.size() + want / chunk);  // no allocation once a chunk is made
   std::size_t covered = 0;
   for (std::size_t c = round_up(lo, chunk); c + chunk <= hi && covered + chunk <= want; c += chunk) {
     if (!empty_place(c)) continue;

@@ -47,18 +47,6 @@ std::size_t pool_resource::impl::steal(std::uint32_t slot, std::size_t want, std
   auto& s = slots[slot];
   block* b = s.steal_head;
   if (!b || want == 0) return 0;
-  // From the free block with the fewest mapped pages inside among the
-  // oldest `steal_scan` (the oldest of equals): small scattered pieces go
-  // first, long mapped runs stay whole for the large blocks that need them.
-  std::size_t least = interior_pages(b) - b->unmapped;
-  int looked = 0;
-  for (block* c = b->snext; c && least > 1 && ++looked < steal_scan; c = c->snext) {
-    std::size_t m = interior_pages(c) - c->unmapped;
-    if (m < least) {
-      least = m;
-      b = c;
-    }
-  }
   // The highest page of a free block that may move: mapped, and not in a
   // chunk that reaches outside the block (lo when none is; the caller checks).
   auto movable_top = [&](const block* x, std::size_t lo, std::size_t hi) {
@@ -83,17 +71,43 @@ std::size_t pool_resource::impl::steal(std::uint32_t slot, std::size_t want, std
     p = movable_top(x, lo, hi);
     return p >= lo && p < hi && movable(x->ar, p, lo, hi);
   };
-  if (!try_block(b)) {
-    // Only chunks reaching outside it are mapped there: the first block of
-    // the list that has a page to give (none without chunks while the
-    // invariants hold).
-    b = nullptr;
-    for (block* c = s.steal_head; c; c = c->snext)
-      if (try_block(c)) {
+  // From the free block with the fewest mapped pages inside among the
+  // oldest `steal_scan` (the oldest of equals): small scattered pieces go
+  // first, long mapped runs stay whole for the large blocks that need them.
+  if (!chunk_pages) {
+    std::size_t least = interior_pages(b) - b->unmapped;
+    int looked = 0;
+    for (block* c = b->snext; c && least > 1 && ++looked < steal_scan; c = c->snext) {
+      std::size_t m = interior_pages(c) - c->unmapped;
+      if (m < least) {
+        least = m;
         b = c;
-        break;
       }
+    }
+    if (!try_block(b)) return 0;  // cannot happen while invariants hold
+  } else {
+    // With chunks, a free block whose mapped pages all belong to chunks
+    // reaching outside it has nothing to give: only blocks that have are
+    // ranked (and a bounded number of the others passed over).
+    b = nullptr;
+    std::size_t least = 0, blo = 0, bhi = 0, bp = 0;
+    int ranked = 0, passed = 0;
+    for (block* c = s.steal_head; c && ranked < steal_scan && passed < 8 * steal_scan; c = c->snext) {
+      if (!try_block(c)) {
+        ++passed;
+        continue;
+      }
+      ++ranked;
+      std::size_t m = interior_pages(c) - c->unmapped;
+      if (!b || m < least) {
+        b = c;
+        least = m;
+        blo = lo, bhi = hi, bp = p;
+        if (least <= 1) break;
+      }
+    }
     if (!b) return 0;
+    lo = blo, hi = bhi, p = bp;
   }
   detail::arena* a = b->ar;
   if (a->in_chunk(p)) {
@@ -177,6 +191,15 @@ bool pool_resource::impl::acquire(std::size_t n, std::size_t need_live, std::uin
 bool pool_resource::impl::acquire_some(std::size_t n, std::size_t need_live, std::uint32_t slot,
                                        std::vector<page_handle>& out) {
   bool reclaimed = false, waited = false;
+  // Pages' worth of room a chunk given back by a steal left (chunk_size):
+  // memory the pool held a moment ago, so new pages fill it past the slack.
+  std::size_t room = 0;
+  auto steal_from = [&](std::uint32_t from) {
+    const std::size_t had = out.size();
+    const std::size_t k = steal(from, n - out.size(), out);
+    room += k - (out.size() - had);
+    return k > 0;
+  };
   // Pages of the requester's own free blocks, once its stream's queued work is done.
   auto wait_and_steal_own = [&] {
     if (!opt.remap || slot == 0 || !slots[slot].steal_head) return false;
@@ -184,7 +207,7 @@ bool pool_resource::impl::acquire_some(std::size_t n, std::size_t need_live, std
       streams->wait_for_stream(slots[slot].stream);
       waited = true;
     }
-    return steal(slot, n - out.size(), out) > 0;
+    return steal_from(slot);
   };
   while (out.size() < n) {
     if (!spare_handles.empty()) {
@@ -192,8 +215,9 @@ bool pool_resource::impl::acquire_some(std::size_t n, std::size_t need_live, std
       spare_handles.pop_back();
       continue;
     }
-    if (may_grow(need_live)) {
+    if (may_grow(need_live) || (room && reserved + page <= limit)) {
       if (page_handle h = create_page()) {
+        if (room) --room;
         out.push_back(h);
         continue;
       }
@@ -201,7 +225,7 @@ bool pool_resource::impl::acquire_some(std::size_t n, std::size_t need_live, std
     // Pages made ahead (map_ahead), before free pages of blocks are moved.
     if (ahead_pages && take_ahead(n - out.size(), out)) continue;
     if (opt.remap) {
-      if (steal(0, n - out.size(), out)) continue;
+      if (steal_from(0)) continue;
       if (!reclaimed) {
         reclaimed = true;
         if (reclaim_streams(false)) continue;

@@ -168,12 +168,13 @@ class vmm_device final : public page_device {
   }
   void destroy(page_handle h) noexcept override {
     std::size_t n = 1;
-    {
+    if (chunks_live_.load(std::memory_order_acquire)) {
       std::lock_guard<std::mutex> lk(chunks_mu_);
       auto it = chunks_.find(h);
       if (it != chunks_.end()) {
         n = it->second;
         chunks_.erase(it);
+        chunks_live_.fetch_sub(1, std::memory_order_release);
       }
     }
     driver().release(static_cast<CUmemGenericAllocationHandle>(h));
@@ -188,6 +189,7 @@ class vmm_device final : public page_device {
     {
       std::lock_guard<std::mutex> lk(chunks_mu_);
       chunks_.emplace(static_cast<page_handle>(h), pages);
+      chunks_live_.fetch_add(1, std::memory_order_release);
     }
     created_ += pages;
     return static_cast<page_handle>(h);
@@ -228,6 +230,7 @@ class vmm_device final : public page_device {
   std::atomic<std::size_t> created_{0};  // pages; create/destroy may run on several threads
   std::mutex chunks_mu_;
   std::unordered_map<page_handle, std::size_t> chunks_;  // chunk handle -> its pages
+  std::atomic<std::size_t> chunks_live_{0};  // chunks_.size(): page destroys skip the lock while 0
   CUmemAllocationProp prop_{};
   std::vector<CUmemAccessDesc> access_;
 };
