@@ -402,6 +402,53 @@ TEST(pool, wait_to_remap_waits_for_the_stream_instead_of_growing) {
   }
 }
 
+// A GPU that runs behind the host but keeps moving: the event a reclaim
+// records when pages are needed is not done yet, but the progress events the
+// pool recorded at earlier frees are. The pages of blocks freed before the
+// last completed one are remapped instead of growing; with a GPU that never
+// finishes anything, the pool grows.
+TEST(pool, progress_events_let_a_stream_behind_the_host_lend_its_finished_frees) {
+  struct moving_gpu : stream_ops {
+    event_id recorded = 0, completed = 0;
+    int waits = 0;
+    event_id record(stream_t) override { return ++recorded; }
+    bool done(event_id e) override { return e <= completed; }
+    void wait(event_id e) override {
+      completed = std::max(completed, e);
+      ++waits;
+    }
+    void release(event_id) noexcept override {}
+  };
+  for (bool moving : {true, false}) {
+    auto ev = std::make_shared<moving_gpu>();
+    pool_resource pool(std::make_shared<host_page_device>(64 * GiB), ev);
+    const stream_t s = 0x10;
+    std::vector<void*> v;
+    for (int i = 0; i < 160; ++i) v.push_back(pool.allocate(4 * MiB, s));
+    for (int i = 0; i < 160; i += 2) {
+      if (moving) ev->completed = ev->recorded;  // all work queued before this free is done
+      pool.deallocate_checked(v[i], 0, s);  // 320 MiB in 4 MiB holes
+    }
+    const std::size_t before = pool.state().reserved_bytes;
+    void* big = pool.allocate(120 * MiB, s);  // fits no hole
+    const std::size_t grown = pool.state().reserved_bytes - before;
+    EXPECT_EQ(ev->waits, 0) << "waited for the stream";
+    if (moving) {
+      EXPECT_LE(grown, 16 * MiB) << "finished frees were known, yet the pool grew by " << grown;  // slack + edges
+      EXPECT_GT(pool.counters().pages_remapped, 0u);
+      EXPECT_GT(pool.counters().stream_reclaims, 0u);
+    } else {
+      EXPECT_GE(grown, 100 * MiB) << "remapped pages of a stream whose work is not known complete";
+      EXPECT_EQ(pool.counters().pages_remapped, 0u);
+    }
+    pool.check_invariants();
+    ev->completed = ev->recorded;
+    pool.deallocate_checked(big, 0, s);
+    for (int i = 1; i < 160; i += 2) pool.deallocate_checked(v[i], 0, s);
+    pool.check_invariants();
+  }
+}
+
 // A block too large for the stream's own free block at the edge of mapped
 // memory takes that block's pages and fresh ones past the edge (the address
 // space there is shared), without waiting for the stream and without growing

@@ -85,8 +85,10 @@ pool_resource::impl::~impl() {
   stop_ahead();  // the helper thread first: it may be making pages
   // Events still held are given back without waiting (nothing may run on
   // memory of a pool being destroyed).
-  for (auto& s : slots)
+  for (auto& s : slots) {
     if (s.event_pending) streams->release(s.event);
+    if (s.progress_pending) streams->release(s.progress);
+  }
   for (block* b : pending)
     for (event_id e : b->events) streams->release(e);
   // Every mapping goes before any page is destroyed: a page in use in one
@@ -172,7 +174,9 @@ free_status pool_resource::impl::deallocate(void* ptr, std::size_t bytes, stream
     return free_status::ok;
   }
   b->unmapped = 0;
-  slots.free_into(b, slots.slot_for(b->stream), ++free_seq, blocks);
+  const std::uint32_t to = slots.slot_for(b->stream);
+  slots.free_into(b, to, ++free_seq, blocks);
+  if (to != 0 && opt.remap && b->ar->paged) note_progress(slots[to]);
   if (opt.release_threshold != std::numeric_limits<std::size_t>::max()) trim_to(opt.release_threshold, true);
   return free_status::ok;
 }

@@ -208,7 +208,7 @@ void pool_resource::impl::uncarve(block* b, std::uint32_t slot) {
 block* pool_resource::impl::try_place(std::size_t size, bool small, std::uint32_t slot, stream_t stream) {
   block* b = slots.find_fit(size, small, slot, false);
   // Before taking fresh pages, let other streams' finished frees serve.
-  if (!b && slots.size() > 2 && reclaim_streams(false)) b = slots.find_fit(size, small, slot, false);
+  if (!b && slots.size() > 2 && reclaim_streams(false, false)) b = slots.find_fit(size, small, slot, false);
   // Every block of the request's own bin, before mapping anything new.
   if (!b) b = slots.find_fit_exhaustive(size, small, slot);
   // Hollow space: where the fewest pages must be mapped.

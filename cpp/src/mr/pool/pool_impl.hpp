@@ -156,7 +156,11 @@ struct pool_resource::impl {
 
   // ---- stream reuse (stream_reuse.cpp) -----------------------------------
   void process_pending(bool wait);
-  bool reclaim_streams(bool wait);
+  bool reclaim_streams(bool wait, bool progress = true);
+  void note_progress(detail::stream_slot& s) noexcept;
+  bool reclaim_up_to(detail::stream_slot& s, std::uint64_t seq);
+  bool reclaim_done(detail::stream_slot& s);
+  static constexpr std::uint64_t progress_every = 32;
   void record_stream(void* ptr, stream_t stream);
 
   // ---- release (release.cpp) ---------------------------------------------

@@ -35,8 +35,55 @@ void pool_resource::impl::process_pending(bool wait) {
   }
 }
 
+// Keeps a progress event in flight on the stream of slot s (see stream_slot):
+// after a free, records one when none is in flight, or when the one in flight
+// is progress_every frees old and complete. Only a hint: a failed event call
+// leaves the slot as it was (reclaim then records its own event when needed).
+void pool_resource::impl::note_progress(detail::stream_slot& s) noexcept {
+  try {
+    if (s.progress_pending) {
+      if (free_seq - s.progress_seq < progress_every || !streams->done(s.progress)) return;
+      streams->release(s.progress);
+      s.progress_pending = false;
+      s.done_seq = s.progress_seq;
+    }
+    s.progress = streams->record(s.stream);
+    s.progress_seq = free_seq;
+    s.progress_pending = true;
+  } catch (...) {
+  }
+}
+
+// Hands slot s's free blocks freed up to seq to all streams (slot 0).
+bool pool_resource::impl::reclaim_up_to(detail::stream_slot& s, std::uint64_t seq) {
+  std::vector<block*> take;
+  for (auto* idx : {&s.backed[0], &s.backed[1], &s.hollow[0], &s.hollow[1]})
+    idx->for_each([&](block* b) {
+      if (b->seq <= seq) take.push_back(b);
+    });
+  for (block* b : take) {
+    slots.remove(b);
+    slots.free_into(b, 0, b->seq, blocks);
+  }
+  ctr.stream_reclaims += take.size();
+  return !take.empty();
+}
+
+// Reclaims what the last completed progress event of slot s covers, when that
+// is more than its last such reclaim.
+bool pool_resource::impl::reclaim_done(detail::stream_slot& s) {
+  if (s.progress_pending && streams->done(s.progress)) {
+    streams->release(s.progress);
+    s.progress_pending = false;
+    s.done_seq = s.progress_seq;
+  }
+  if (s.done_seq <= s.reclaimed_seq) return false;
+  s.reclaimed_seq = s.done_seq;
+  return reclaim_up_to(s, s.done_seq);
+}
+
 // Hands free blocks of other streams to all streams once their work is done.
-bool pool_resource::impl::reclaim_streams(bool wait) {
+bool pool_resource::impl::reclaim_streams(bool wait, bool progress) {
   bool moved = false;
   for (std::uint32_t i = 1; i < slots.size(); ++i) {
     auto& s = slots[i];
@@ -49,24 +96,17 @@ bool pool_resource::impl::reclaim_streams(bool wait) {
         s.event_seq = free_seq;
         s.event_pending = true;
       }
-      if (wait)
+      if (wait) {
         streams->wait(s.event);
-      else if (!streams->done(s.event))
+      } else if (!streams->done(s.event)) {
         break;
+      }
       streams->release(s.event);
       s.event_pending = false;
-      std::vector<block*> take;
-      for (auto* idx : {&s.backed[0], &s.backed[1], &s.hollow[0], &s.hollow[1]})
-        idx->for_each([&](block* b) {
-          if (b->seq <= s.event_seq) take.push_back(b);
-        });
-      for (block* b : take) {
-        slots.remove(b);
-        slots.free_into(b, 0, b->seq, blocks);
-        moved = true;
-      }
-      ctr.stream_reclaims += take.size();
+      s.reclaimed_seq = std::max(s.reclaimed_seq, s.event_seq);
+      moved |= reclaim_up_to(s, s.event_seq);
     }
+    if (progress && !wait && s.free_blocks) moved |= reclaim_done(s);  // a progress event may cover more
   }
   return moved;
 }

@@ -24,6 +24,15 @@ struct stream_slot {
   bool event_pending = false;
   event_id event = 0;
   std::uint64_t event_seq = 0;  // blocks freed before this are covered by `event`
+  // The progress event: recorded at a free (at most one in flight, at most one
+  // per progress_every frees), so that by the time the pool needs pages an
+  // event recorded earlier has often completed. done_seq: blocks freed before
+  // it are known done on the GPU.
+  bool progress_pending = false;
+  event_id progress = 0;
+  std::uint64_t progress_seq = 0;
+  std::uint64_t done_seq = 0;
+  std::uint64_t reclaimed_seq = 0;  // done_seq when the slot was last scanned
   std::size_t free_blocks = 0;
 
   // The steal list: free blocks of this slot with mapped pages wholly inside
