@@ -51,8 +51,9 @@ struct pool_options {
   // handles cost fewer driver calls, and kernels streaming over them run
   // faster. A chunk never moves: when the pool must move memory, it gives a
   // chunk lying wholly in free memory back and makes pages instead. On an
-  // H200, 16 MiB chunks made the first step of real workloads 4-26 % faster
-  // (docs/BENCHMARKS.md section 5). 0, or at most one page: single pages only.
+  // H200, 16 MiB chunks made the first step of six of seven real workloads
+  // 7-26 % faster (docs/BENCHMARKS.md section 5). 0, or at most one page:
+  // single pages only.
   std::size_t chunk_size = std::size_t{16} << 20;
   // Virtual address space reserved per arena, as a multiple of the capacity.
   double va_factor = 2.0;
