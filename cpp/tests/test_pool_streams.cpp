@@ -7,7 +7,8 @@
 //    work uses, through its own address or through any other address of the
 //    same physical page;
 //  - no address is unmapped while pending work uses it, and none is mapped twice;
-//  - no page is destroyed while still mapped; every event is released.
+//  - no page is destroyed while still mapped; every event is released;
+//  - a chunk (one handle over several pages) is mapped and unmapped whole.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <string>
 #include <unordered_map>
 #include <vector>
 
@@ -34,6 +36,10 @@ struct world {
   long calls = 0, events_out = 0;
   // What went wrong.
   long va_races = 0, byte_races = 0, unmap_races = 0, map_over = 0, bad_unmaps = 0, destroyed_mapped = 0;
+  // Chunks (chunk_size): the device makes them when `chunks` is set; a chunk
+  // must be unmapped whole and never passed to map().
+  bool chunks = false;
+  long chunk_cuts = 0, chunk_misuse = 0;
 
   struct use {
     std::uintptr_t lo, hi;  // addresses, or byte offsets inside one physical page
@@ -93,13 +99,58 @@ class model_device final : public page_device {
     ++created_;
     return next_handle_++;
   }
+  // A chunk's handle has chunk_bit set and its low 20 bits zero; the model
+  // tracks each of its pages as handle + i.
+  static constexpr page_handle chunk_bit = page_handle{1} << 62;
+  page_handle create_chunk(std::size_t pages) override {
+    if (!w_.chunks) return 0;
+    if (w_.fault_every && ++w_.calls % w_.fault_every == 0) {
+      if (w_.calls % 2) throw cuda_error("injected chunk create failure", 2);
+      return 0;
+    }
+    if ((created_ + pages) * PG > cap_) return 0;
+    created_ += pages;
+    const page_handle h = chunk_bit | (next_chunk_++ << 20);
+    chunk_pages_[h] = pages;
+    return h;
+  }
+  void map_chunk(std::uintptr_t va, page_handle h, std::size_t pages) override {
+    if (w_.fault_every && ++w_.calls % w_.fault_every == 0) throw cuda_error("injected chunk map failure", 3);
+    auto it = chunk_pages_.find(h);
+    if (it == chunk_pages_.end() || it->second != pages) {
+      ++w_.chunk_misuse;
+      return;
+    }
+    for (std::size_t i = 0; i < pages; ++i) {
+      std::uintptr_t v = va + i * PG;
+      if (w_.at.count(v)) ++w_.map_over;
+      w_.at[v] = h + i;
+      w_.where[h + i].insert(v);
+    }
+  }
   void destroy(page_handle h) noexcept override {
+    if (h & chunk_bit) {
+      auto it = chunk_pages_.find(h);
+      if (it == chunk_pages_.end()) {
+        ++w_.chunk_misuse;
+        return;
+      }
+      for (std::size_t i = 0; i < it->second; ++i) {
+        if (!w_.where[h + i].empty()) ++w_.destroyed_mapped;
+        w_.page_uses.erase(h + i);
+      }
+      created_ -= it->second;
+      chunk_pages_.erase(it);
+      return;
+    }
     if (!w_.where[h].empty()) ++w_.destroyed_mapped;
     --created_;
     w_.page_uses.erase(h);
   }
   void map(std::uintptr_t va, const page_handle* hs, std::size_t n) override {
     if (w_.fault_every && ++w_.calls % w_.fault_every == 0) throw cuda_error("injected map failure", 3);
+    for (std::size_t i = 0; i < n; ++i)
+      if (hs[i] & chunk_bit) ++w_.chunk_misuse;  // a chunk is mapped only whole, by map_chunk
     for (std::size_t i = 0; i < n; ++i) {
       std::uintptr_t v = va + i * PG;
       if (w_.at.count(v)) ++w_.map_over;
@@ -114,6 +165,12 @@ class model_device final : public page_device {
       if (it == w_.at.end()) {
         ++w_.bad_unmaps;
         continue;
+      }
+      if (it->second & chunk_bit) {  // the call must cover the whole chunk
+        const page_handle base = it->second & ~((page_handle{1} << 20) - 1);
+        const std::uintptr_t start = v - (it->second - base) * PG;
+        const auto c = chunk_pages_.find(base);
+        if (c == chunk_pages_.end() || start < va || start + c->second * PG > va + n * PG) ++w_.chunk_cuts;
       }
       for (auto& u : w_.uses)
         if (w_.pending(u) && u.lo < v + PG && v < u.hi) {
@@ -133,6 +190,8 @@ class model_device final : public page_device {
   world& w_;
   std::size_t cap_, created_ = 0;
   page_handle next_handle_ = 1;
+  page_handle next_chunk_ = 1;
+  std::unordered_map<page_handle, std::size_t> chunk_pages_;
   std::uintptr_t next_va_ = std::uintptr_t{1} << 40;
 };
 
@@ -160,6 +219,7 @@ struct config {
   int nstreams, progress, fault_every;
   double growth_slack;
   bool keep_mappings = true;
+  std::size_t chunk = 0;  // pages per chunk (0: the device makes none)
 };
 
 void run(const config& c, std::uint64_t seed, int iters) {
@@ -168,12 +228,14 @@ void run(const config& c, std::uint64_t seed, int iters) {
   w.nstreams = c.nstreams;
   w.progress = c.progress;
   w.fault_every = c.fault_every;
+  w.chunks = c.chunk > 0;
   auto dev = std::make_shared<model_device>(w, 384 * MiB);
   pool_options o;
   if (w.rnd(2)) o.release_threshold = 64 * MiB;
   o.wait_to_remap = w.rnd(4) == 0;
   o.growth_slack = c.growth_slack;
   o.keep_mappings = c.keep_mappings;
+  if (c.chunk) o.chunk_size = c.chunk * PG;
   struct held {
     std::uintptr_t p;
     std::size_t n;
@@ -240,10 +302,14 @@ void run(const config& c, std::uint64_t seed, int iters) {
   }
   if (std::getenv("VRAMKIT_STREAM_DIGEST")) {
     const pool_counters& k = final_counters;
-    std::printf("digest streams %d progress %d faults %d slack %.2f keep %d seed %llu: addrs %016llx "
+    const std::string chunked = c.chunk ? " chunk " + std::to_string(c.chunk) + " chunks " +
+                                              std::to_string(final_counters.chunks_created) + "/" +
+                                              std::to_string(final_counters.chunks_released)
+                                        : "";
+    std::printf("digest streams %d progress %d faults %d slack %.2f keep %d%s seed %llu: addrs %016llx "
                 "peak_reserved %zu created %zu destroyed %zu mapped %zu unmapped %zu remapped %zu reused %zu "
                 "map_calls %zu reclaims %zu\n",
-                c.nstreams, c.progress, c.fault_every, c.growth_slack, int{c.keep_mappings},
+                c.nstreams, c.progress, c.fault_every, c.growth_slack, int{c.keep_mappings}, chunked.c_str(),
                 static_cast<unsigned long long>(seed), static_cast<unsigned long long>(digest), final_peak,
                 k.pages_created, k.pages_destroyed, k.pages_mapped, k.pages_unmapped, k.pages_remapped,
                 k.mappings_reused, k.map_calls, k.stream_reclaims);
@@ -255,6 +321,8 @@ void run(const config& c, std::uint64_t seed, int iters) {
   EXPECT_EQ(w.bad_unmaps, 0) << "an address was unmapped that was not mapped";
   EXPECT_EQ(w.destroyed_mapped, 0) << "a page was destroyed while still mapped";
   EXPECT_EQ(w.events_out, 0) << "events recorded and never released";
+  EXPECT_EQ(w.chunk_cuts, 0) << "part of a chunk was unmapped";
+  EXPECT_EQ(w.chunk_misuse, 0) << "a chunk was mapped by pages, at another size, or destroyed twice";
   EXPECT_TRUE(w.at.empty()) << "addresses still mapped after the pool is gone";
   EXPECT_EQ(dev->created(), 0u) << "pages left after the pool is gone";
 }
@@ -265,6 +333,8 @@ TEST(pool_streams, lagging_gpu_queues_faults_and_physical_pages) {
   const config configs[] = {
       {3, 0, 0, 0.02}, {1, 0, 23, 0.02}, {3, 2, 7, 0.02},        {2, 0, 7, 0.0},
       {2, 3, 7, 0.0},  {3, 2, 7, 0.02, false}, {2, 3, 7, 0.0, false},
+      // Chunks of 4 and 8 pages, with and without faults and kept mappings.
+      {3, 2, 0, 0.02, true, 4}, {2, 3, 7, 0.0, true, 4}, {1, 0, 23, 0.02, true, 8}, {3, 2, 7, 0.02, false, 4},
   };
   // Seeds 32 and 37 once found a page given back while an old address of it
   // was still mapped.
@@ -278,7 +348,8 @@ TEST(pool_streams, lagging_gpu_queues_faults_and_physical_pages) {
     for (std::uint64_t seed : seeds) {
       SCOPED_TRACE(testing::Message() << "streams " << c.nstreams << ", progress " << c.progress << ", faults every "
                                       << c.fault_every << ", growth_slack "
-                                      << c.growth_slack << ", keep_mappings " << c.keep_mappings << ", seed " << seed);
+                                      << c.growth_slack << ", keep_mappings " << c.keep_mappings << ", chunk " << c.chunk
+                                      << ", seed " << seed);
       run(c, seed, 10000);
       if (HasFatalFailure()) return;
     }
