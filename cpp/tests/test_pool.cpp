@@ -449,6 +449,98 @@ TEST(pool, progress_events_let_a_stream_behind_the_host_lend_its_finished_frees)
   }
 }
 
+namespace {
+// Events in stream order; an event recorded while `capturing` is a captured
+// event: querying or waiting on it fails the way cudaEventQuery does with
+// cudaErrorCapturedEvent (907) until it is re-recorded (never, here).
+struct capture_sim : stream_ops {
+  event_id recorded = 0, completed = 0;
+  bool capturing = false;
+  bool record_fails = false;
+  std::set<event_id> captured;
+  long records = 0, dones = 0, out = 0;
+  event_id record(stream_t) override {
+    ++records;
+    if (record_fails) throw cuda_error("cudaEventRecord: invalid resource handle (simulated)", 400);
+    ++out;
+    ++recorded;
+    if (capturing) captured.insert(recorded);
+    return recorded;
+  }
+  bool done(event_id e) override {
+    ++dones;
+    if (captured.count(e)) throw cuda_error("cudaEventQuery: cudaErrorCapturedEvent (simulated)", 907);
+    return e <= completed;
+  }
+  void wait(event_id e) override {
+    if (captured.count(e)) throw cuda_error("cudaEventSynchronize: cudaErrorCapturedEvent (simulated)", 907);
+    completed = std::max(completed, e);
+  }
+  void release(event_id e) noexcept override {
+    --out;
+    captured.erase(e);
+  }
+};
+}  // namespace
+
+// A progress event that cannot be queried (recorded in a capture the pool was
+// not told about, or any lasting cudaEventQuery error) is dropped: the
+// allocations that need pages grow instead of throwing.
+TEST(pool, an_unqueryable_progress_event_is_dropped_and_the_pool_grows) {
+  auto ev = std::make_shared<capture_sim>();
+  pool_resource pool(std::make_shared<host_page_device>(64 * GiB), ev);
+  const stream_t s = 0x10;
+  std::vector<void*> v;
+  for (int i = 0; i < 160; ++i) v.push_back(pool.allocate(4 * MiB, s));
+  ev->capturing = true;  // a capture of s the pool is not told about
+  pool.deallocate_checked(v[0], 0, s);  // note_progress records the progress event inside it
+  ev->capturing = false;                // the capture ends
+  for (int i = 2; i < 160; i += 2) {
+    ev->completed = ev->recorded;  // the GPU keeps up
+    pool.deallocate_checked(v[i], 0, s);
+  }
+  // The GPU is a little behind: the event reclaim records now is not done.
+  void* big = nullptr;
+  EXPECT_NO_THROW(big = pool.allocate(120 * MiB, s)) << "an allocation that could grow threw";
+  // And it stays that way: later allocations throw as well.
+  void* big2 = nullptr;
+  EXPECT_NO_THROW(big2 = pool.allocate(120 * MiB, s));
+  ev->completed = ev->recorded;
+  pool.deallocate_checked(big, 0, s);
+  pool.deallocate_checked(big2, 0, s);
+  for (int i = 1; i < 160; i += 2) pool.deallocate_checked(v[i], 0, s);
+  pool.check_invariants();
+}
+
+// Frees record at most one progress event per 32 frees and query it at most
+// every 8th free (a cudaEventQuery under the pool lock), however far behind
+// the GPU is.
+TEST(pool, frees_query_the_progress_event_at_most_every_eighth_free) {
+  auto ev = std::make_shared<capture_sim>();
+  pool_resource pool(std::make_shared<host_page_device>(64 * GiB), ev);
+  const stream_t s = 0x10;
+  std::vector<void*> v;
+  for (int i = 0; i < 1000; ++i) v.push_back(pool.allocate(64 * 1024, s));
+  const long d0 = ev->dones, r0 = ev->records;
+  for (void* p : v) pool.deallocate_checked(p, 0, s);  // GPU never catches up
+  EXPECT_LE(ev->dones - d0, 1000 / 8 + 1) << "event queries on the free path";
+  EXPECT_LE(ev->records - r0, 1000 / 32 + 1) << "records per free";
+}
+
+// A record that fails (for example on a stream of another device) is tried
+// again only 8 frees later, not at every free.
+TEST(pool, a_failing_progress_record_is_not_retried_at_every_free) {
+  auto ev = std::make_shared<capture_sim>();
+  pool_resource pool(std::make_shared<host_page_device>(64 * GiB), ev);
+  const stream_t s = 0;
+  std::vector<void*> v;
+  for (int i = 0; i < 1000; ++i) v.push_back(pool.allocate(64 * 1024, s));
+  ev->record_fails = true;
+  const long r0 = ev->records;
+  for (void* p : v) pool.deallocate_checked(p, 0, s);
+  EXPECT_LE(ev->records - r0, 1000 / 8 + 1) << "record attempts per free";
+}
+
 // A block too large for the stream's own free block at the edge of mapped
 // memory takes that block's pages and fresh ones past the edge (the address
 // space there is shared), without waiting for the stream and without growing

@@ -175,8 +175,9 @@ free_status pool_resource::impl::deallocate(void* ptr, std::size_t bytes, stream
   }
   b->unmapped = 0;
   const std::uint32_t to = slots.slot_for(b->stream);
+  const bool paged = b->ar->paged;  // (b may be merged away by free_into)
   slots.free_into(b, to, ++free_seq, blocks);
-  if (to != 0 && opt.remap && b->ar->paged) note_progress(slots[to]);
+  if (to != 0 && opt.remap && paged) note_progress(slots[to]);
   if (opt.release_threshold != std::numeric_limits<std::size_t>::max()) trim_to(opt.release_threshold, true);
   return free_status::ok;
 }

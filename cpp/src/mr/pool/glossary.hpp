@@ -41,10 +41,10 @@
 //   reclaim      Handing one stream's free blocks to slot 0 once an event
 //                recorded on that stream after they were freed has completed.
 //   progress     An event recorded at a free on a stream (one in flight per
-//     event      slot, at most one per progress_every frees): once done, the
-//                slot's blocks freed before it (seq <= done_seq) may be
-//                reclaimed for page supply although the event recorded at
-//                the moment pages are needed is not done yet.
+//     event      slot, at most one per 32 frees, asked at most every 8th
+//                free): once done, the slot's blocks freed before it
+//                (seq <= done_seq) may be reclaimed for page supply although
+//                the event recorded when pages are needed is not done yet.
 //   seq          When a free block was freed (free_seq counts frees): a slot's
 //                reclaim event covers the blocks with seq <= its event_seq.
 //   run          Free blocks next to each other that one requester may take

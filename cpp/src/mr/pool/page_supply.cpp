@@ -222,7 +222,9 @@ bool pool_resource::impl::acquire_some(std::size_t n, std::size_t need_live, std
         continue;
       }
     }
-    // Pages made ahead (map_ahead), before free pages of blocks are moved.
+    // Pages made ahead (map_ahead), before free pages of blocks are moved; a
+    // batch still being made counts as reserved already, so wait for it.
+    if (!ahead_pages && inflight.active) wait_ahead();
     if (ahead_pages && take_ahead(n - out.size(), out)) continue;
     if (opt.remap) {
       if (steal_from(0)) continue;

@@ -35,22 +35,29 @@ void pool_resource::impl::process_pending(bool wait) {
   }
 }
 
-// Keeps a progress event in flight on the stream of slot s (see stream_slot):
-// after a free, records one when none is in flight, or when the one in flight
-// is progress_every frees old and complete. Only a hint: a failed event call
-// leaves the slot as it was (reclaim then records its own event when needed).
+// After a free on the stream of slot s (see stream_slot): once the progress
+// event in flight is progress_every frees old, one query every
+// progress_query_every frees (moving done_seq when it is done, and recording
+// the next); a record when none is in flight. Only a hint: an event call that
+// fails drops the event, and the next try comes progress_query_every frees
+// later.
 void pool_resource::impl::note_progress(detail::stream_slot& s) noexcept {
+  if (s.progress_pending && free_seq - s.progress_seq < progress_every) return;
+  if (s.progress_tried && free_seq - s.progress_tried < progress_query_every) return;
+  s.progress_tried = free_seq;
   try {
     if (s.progress_pending) {
-      if (free_seq - s.progress_seq < progress_every || !streams->done(s.progress)) return;
+      if (!streams->done(s.progress)) return;
       streams->release(s.progress);
       s.progress_pending = false;
-      s.done_seq = s.progress_seq;
+      s.done_seq = std::max(s.done_seq, s.progress_seq);
     }
     s.progress = streams->record(s.stream);
     s.progress_seq = free_seq;
     s.progress_pending = true;
   } catch (...) {
+    if (s.progress_pending) streams->release(s.progress);
+    s.progress_pending = false;
   }
 }
 
@@ -70,12 +77,22 @@ bool pool_resource::impl::reclaim_up_to(detail::stream_slot& s, std::uint64_t se
 }
 
 // Reclaims what the last completed progress event of slot s covers, when that
-// is more than its last such reclaim.
+// is more than was reclaimed already. An event that cannot be queried (a
+// stream being captured, a failing device) is dropped.
 bool pool_resource::impl::reclaim_done(detail::stream_slot& s) {
-  if (s.progress_pending && streams->done(s.progress)) {
-    streams->release(s.progress);
-    s.progress_pending = false;
-    s.done_seq = s.progress_seq;
+  if (s.progress_pending) {
+    bool done = false;
+    try {
+      done = streams->done(s.progress);
+    } catch (...) {
+      streams->release(s.progress);
+      s.progress_pending = false;
+    }
+    if (done) {
+      streams->release(s.progress);
+      s.progress_pending = false;
+      s.done_seq = std::max(s.done_seq, s.progress_seq);
+    }
   }
   if (s.done_seq <= s.reclaimed_seq) return false;
   s.reclaimed_seq = s.done_seq;

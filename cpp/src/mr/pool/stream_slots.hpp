@@ -24,15 +24,18 @@ struct stream_slot {
   bool event_pending = false;
   event_id event = 0;
   std::uint64_t event_seq = 0;  // blocks freed before this are covered by `event`
-  // The progress event: recorded at a free (at most one in flight, at most one
-  // per progress_every frees), so that by the time the pool needs pages an
-  // event recorded earlier has often completed. done_seq: blocks freed before
-  // it are known done on the GPU.
+  // The progress event: recorded at a free, at most one in flight and one per
+  // progress_every frees. Once it is that old, the free path asks every
+  // progress_query_every frees whether it is done; if so, done_seq moves to
+  // it and a new one is recorded. Blocks of this slot freed up to done_seq
+  // are known done on the GPU, so page supply may hand them to slot 0 while
+  // the event it records itself is not done yet.
   bool progress_pending = false;
   event_id progress = 0;
-  std::uint64_t progress_seq = 0;
+  std::uint64_t progress_seq = 0;    // free_seq when it was recorded
+  std::uint64_t progress_tried = 0;  // free_seq of the last record or query
   std::uint64_t done_seq = 0;
-  std::uint64_t reclaimed_seq = 0;  // done_seq when the slot was last scanned
+  std::uint64_t reclaimed_seq = 0;  // blocks up to here were handed to slot 0 (or looked at)
   std::size_t free_blocks = 0;
 
   // The steal list: free blocks of this slot with mapped pages wholly inside

@@ -434,7 +434,11 @@ class cuda_events final : public stream_ops {
         VK_CUDA(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
       }
     }
-    VK_CUDA(cudaEventRecord(e, reinterpret_cast<cudaStream_t>(s)));
+    const cudaError_t r = cudaEventRecord(e, reinterpret_cast<cudaStream_t>(s));
+    if (r != cudaSuccess) {
+      release(reinterpret_cast<event_id>(e));  // the event stays the pool's, not leaked
+      fail(r, "cudaEventRecord");
+    }
     return reinterpret_cast<event_id>(e);
   }
   bool done(event_id id) override {
