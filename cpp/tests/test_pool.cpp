@@ -541,6 +541,48 @@ TEST(pool, a_failing_progress_record_is_not_retried_at_every_free) {
   EXPECT_LE(ev->records - r0, 1000 / 8 + 1) << "record attempts per free";
 }
 
+// A stream being captured into a CUDA graph gets no event from the pool's
+// non-blocking paths (an event recorded there joins the graph and cannot be
+// queried): neither a free on it (progress events) nor another stream's
+// request that looks for its finished frees. Once the capture ends, they are
+// reclaimed as before.
+TEST(pool, a_stream_being_captured_gets_no_event) {
+  struct capture_streams : stream_ops {
+    stream_t captured = 0;  // the stream being captured (0: none)
+    long records_in_capture = 0, out = 0;
+    event_id record(stream_t s) override {
+      if (captured && s == captured) ++records_in_capture;
+      ++out;
+      return 1;
+    }
+    bool done(event_id) override { return true; }
+    void wait(event_id) override {}
+    void release(event_id) noexcept override { --out; }
+    bool capturing(stream_t s) noexcept override { return captured && s == captured; }
+  };
+  auto ev = std::make_shared<capture_streams>();
+  pool_resource pool(std::make_shared<host_page_device>(64 * GiB), ev);
+  const stream_t a = 0x10, b = 0x20;
+  std::vector<void*> v;
+  for (int i = 0; i < 80; ++i) v.push_back(pool.allocate(4 * MiB, a));
+  void* warm = pool.allocate(4 * MiB, b);  // b has a slot (and nothing free in it)
+  const std::size_t reclaims = pool.counters().stream_reclaims;
+  ev->captured = a;
+  for (int i = 0; i < 80; i += 2) pool.deallocate_checked(v[i], 0, a);  // frees on a, during its capture
+  void* big = pool.allocate(120 * MiB, b);                                // fits nothing b may take
+  EXPECT_EQ(ev->records_in_capture, 0) << "an event was recorded on the stream being captured";
+  EXPECT_EQ(pool.counters().stream_reclaims, reclaims) << "frees of the stream being captured were handed on";
+  pool.check_invariants();
+  ev->captured = 0;  // the capture ends
+  void* big2 = pool.allocate(120 * MiB, b);
+  EXPECT_GT(pool.counters().stream_reclaims, reclaims) << "a's frees were not handed on after the capture";
+  pool.deallocate_checked(big, 0, b);
+  pool.deallocate_checked(big2, 0, b);
+  pool.deallocate_checked(warm, 0, b);
+  for (int i = 1; i < 80; i += 2) pool.deallocate_checked(v[i], 0, a);
+  pool.check_invariants();
+}
+
 // A block too large for the stream's own free block at the edge of mapped
 // memory takes that block's pages and fresh ones past the edge (the address
 // space there is shared), without waiting for the stream and without growing

@@ -270,4 +270,12 @@ void capture_aware_events::release(event_id e) noexcept {
   if (!(e & marker_bit)) inner_->release(e);
 }
 
+bool capture_aware_events::capturing(stream_t s) noexcept {
+  try {
+    return stream_capturing_ && stream_capturing_(s);
+  } catch (...) {
+    return true;  // cannot tell: leave the stream alone
+  }
+}
+
 }  // namespace vramkit

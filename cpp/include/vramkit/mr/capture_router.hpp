@@ -136,6 +136,7 @@ class capture_aware_events final : public stream_ops {
   bool done(event_id e) override;
   void wait(event_id e) override;
   void release(event_id e) noexcept override;
+  bool capturing(stream_t s) noexcept override;
 
  private:
   // CUDA events are user-space pointers (below 2^63), host events small numbers.

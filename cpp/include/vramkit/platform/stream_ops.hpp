@@ -17,6 +17,10 @@ class stream_ops {
   virtual bool done(event_id e) = 0;  // non-blocking
   virtual void wait(event_id e) = 0;  // blocks the host until done
   virtual void release(event_id e) noexcept = 0;
+  // True while `s` is being captured into a CUDA graph: an event recorded on it
+  // would become part of the graph and could not be queried. The pool's
+  // non-blocking event calls leave such a stream alone.
+  virtual bool capturing(stream_t /*s*/) noexcept { return false; }
   // Blocks until the work queued on `s` so far is done.
   void wait_for_stream(stream_t s) {
     event_id e = record(s);

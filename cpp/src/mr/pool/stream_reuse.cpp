@@ -45,6 +45,7 @@ void pool_resource::impl::note_progress(detail::stream_slot& s) noexcept {
   if (s.progress_pending && free_seq - s.progress_seq < progress_every) return;
   if (s.progress_tried && free_seq - s.progress_tried < progress_query_every) return;
   s.progress_tried = free_seq;
+  if (streams->capturing(s.stream)) return;  // an event there would join the graph
   try {
     if (s.progress_pending) {
       if (!streams->done(s.progress)) return;
@@ -106,6 +107,9 @@ bool pool_resource::impl::reclaim_streams(bool wait, bool progress) {
     auto& s = slots[i];
     // Waiting, a second round covers what was freed after a pending event
     // was recorded: after it the slot holds nothing.
+    // Not waiting, a stream being captured gets no event (it would join the
+    // graph and could not be asked); its blocks wait for the capture's end.
+    if (!wait && s.free_blocks && !s.event_pending && streams->capturing(s.stream)) continue;
     for (int round = 0; round < (wait ? 2 : 1); ++round) {
       if (s.free_blocks == 0) break;
       if (!s.event_pending) {

@@ -455,6 +455,7 @@ class cuda_events final : public stream_ops {
     std::lock_guard<std::mutex> lk(mu_);
     free_.push_back(reinterpret_cast<cudaEvent_t>(id));
   }
+  bool capturing(stream_t s) noexcept override { return stream_is_capturing(s); }
 
  private:
   int device_;
