@@ -455,7 +455,14 @@ class cuda_events final : public stream_ops {
     std::lock_guard<std::mutex> lk(mu_);
     free_.push_back(reinterpret_cast<cudaEvent_t>(id));
   }
-  bool capturing(stream_t s) noexcept override { return stream_is_capturing(s); }
+  bool capturing(stream_t s) noexcept override {
+    cudaStreamCaptureStatus st = cudaStreamCaptureStatusNone;
+    if (cudaStreamIsCapturing(reinterpret_cast<cudaStream_t>(s), &st) != cudaSuccess) {
+      cudaGetLastError();
+      return true;  // cannot tell (the legacy stream while another is captured): leave it alone
+    }
+    return st != cudaStreamCaptureStatusNone;
+  }
 
  private:
   int device_;
