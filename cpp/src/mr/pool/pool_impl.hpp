@@ -157,6 +157,7 @@ struct pool_resource::impl {
   // ---- stream reuse (stream_reuse.cpp) -----------------------------------
   void process_pending(bool wait);
   bool reclaim_streams(bool wait, bool progress = true);
+  bool progress_settled(detail::stream_slot& s) noexcept;
   void note_progress(detail::stream_slot& s) noexcept;
   bool reclaim_up_to(detail::stream_slot& s, std::uint64_t seq);
   bool reclaim_done(detail::stream_slot& s);

@@ -35,30 +35,42 @@ void pool_resource::impl::process_pending(bool wait) {
   }
 }
 
+// Settles slot s's progress event: when it is done, done_seq moves to it and
+// it is released; one that cannot be queried (a stream being captured, a
+// failing device) is dropped. True when none is in flight afterwards.
+bool pool_resource::impl::progress_settled(detail::stream_slot& s) noexcept {
+  if (!s.progress_pending) return true;
+  bool done = true;
+  try {
+    done = streams->done(s.progress);
+  } catch (...) {  // dropped: done_seq stays
+    streams->release(s.progress);
+    s.progress_pending = false;
+    return true;
+  }
+  if (!done) return false;
+  streams->release(s.progress);
+  s.progress_pending = false;
+  s.done_seq = std::max(s.done_seq, s.progress_seq);
+  return true;
+}
+
 // After a free on the stream of slot s (see stream_slot): once the progress
 // event in flight is progress_every frees old, one query every
 // progress_query_every frees (moving done_seq when it is done, and recording
-// the next); a record when none is in flight. Only a hint: an event call that
-// fails drops the event, and the next try comes progress_query_every frees
-// later.
+// the next); a record when none is in flight. Only a hint: a failed record
+// is tried again progress_query_every frees later.
 void pool_resource::impl::note_progress(detail::stream_slot& s) noexcept {
   if (s.progress_pending && free_seq - s.progress_seq < progress_every) return;
   if (s.progress_tried && free_seq - s.progress_tried < progress_query_every) return;
   s.progress_tried = free_seq;
   if (streams->capturing(s.stream)) return;  // an event there would join the graph
+  if (!progress_settled(s)) return;
   try {
-    if (s.progress_pending) {
-      if (!streams->done(s.progress)) return;
-      streams->release(s.progress);
-      s.progress_pending = false;
-      s.done_seq = std::max(s.done_seq, s.progress_seq);
-    }
     s.progress = streams->record(s.stream);
     s.progress_seq = free_seq;
     s.progress_pending = true;
   } catch (...) {
-    if (s.progress_pending) streams->release(s.progress);
-    s.progress_pending = false;
   }
 }
 
@@ -78,23 +90,9 @@ bool pool_resource::impl::reclaim_up_to(detail::stream_slot& s, std::uint64_t se
 }
 
 // Reclaims what the last completed progress event of slot s covers, when that
-// is more than was reclaimed already. An event that cannot be queried (a
-// stream being captured, a failing device) is dropped.
+// is more than was reclaimed already.
 bool pool_resource::impl::reclaim_done(detail::stream_slot& s) {
-  if (s.progress_pending) {
-    bool done = false;
-    try {
-      done = streams->done(s.progress);
-    } catch (...) {
-      streams->release(s.progress);
-      s.progress_pending = false;
-    }
-    if (done) {
-      streams->release(s.progress);
-      s.progress_pending = false;
-      s.done_seq = std::max(s.done_seq, s.progress_seq);
-    }
-  }
+  progress_settled(s);
   if (s.done_seq <= s.reclaimed_seq) return false;
   s.reclaimed_seq = s.done_seq;
   return reclaim_up_to(s, s.done_seq);
