@@ -92,6 +92,36 @@ def kernel_rows(torch, lib, check, sizes_mib, iters, rows, tag="", sweep=True):
             one(max(sizes_mib), "float32", fmt, block, tag="-blocks")
 
 
+def vector_bytes(r):
+    """(bytes read, bytes written) per 16-byte vector of values, as the kernel of row r moves them."""
+    v = 4 if r["dtype"] == "float32" else 8
+    code = v // 2 if r["format"] in ("nf4", "fp4") else v
+    return (16, code) if r["op"] == "encode" else (code, 16)
+
+
+def ceiling_rows(torch, lib, check, rows, iters):
+    """What the same reads and writes reach with no arithmetic (vk_quant_probe_traffic), per shape
+    and size; each kernel row gets its ceiling and the share of it that it reaches."""
+    stream = torch.cuda.current_stream().cuda_stream
+    dev = torch.cuda.current_device()
+    out = {}
+    for r in rows:
+        if not r["kind"].startswith("kernel"):
+            continue
+        rb, wb = vector_bytes(r)
+        key = (rb, wb, r["size_mib"])
+        if key not in out:
+            vectors = r["size_mib"] * MiB // 16
+            src = torch.randint(0, 255, (vectors * rb,), dtype=torch.uint8, device="cuda")
+            dst = torch.empty(vectors * wb, dtype=torch.uint8, device="cuda")
+            ms = timed_ms(torch, lambda: check(lib.vk_quant_probe_traffic(src.data_ptr(), rb, dst.data_ptr(), wb, vectors,
+                                                                          dev, stream)), iters)
+            out[key] = vectors * (rb + wb) / ms / 1e6
+            del src, dst
+        r["ceiling_gbps"] = out[key]
+    return {f"{rb}->{wb} @ {size} MiB": g for (rb, wb, size), g in out.items()}
+
+
 def api_rows(torch, iters, size_mib, rows):
     import vramkit.quant as vq
     n = size_mib * MiB // 2
@@ -260,6 +290,7 @@ def main() -> int:
             kernel_rows(torch, lib, check, sizes, args.iters, res["rows"], tag=f"@{tile}/{grid}/{table}", sweep=False)
     finally:
         vq.set_launch()
+    res["ceilings_gbps"] = ceiling_rows(torch, lib, check, res["rows"], args.iters)
     api_rows(torch, args.iters, max(sizes), res["rows"])
     anchor_rows(torch, args.iters, max(sizes), res["rows"], res["notes"])
     res["errors"] = error_rows(torch)
@@ -270,6 +301,8 @@ def main() -> int:
             res["notes"].append(f"GPT-2 skipped: {e}")
     for r in res["rows"]:
         r["pct_copy"] = 100 * r["gbps"] / res["copy_gbps"].get(r["size_mib"], max(res["copy_gbps"].values()))
+        if "ceiling_gbps" in r:
+            r["ceiling_pct_copy"] = 100 * r["ceiling_gbps"] / res["copy_gbps"][r["size_mib"]]
     kern = [r for r in res["rows"] if r["kind"] == "kernel" and r["size_mib"] >= 256]
     res["min_pct_copy"] = min(r["pct_copy"] for r in kern)
     res["seconds"] = time.time() - t0
@@ -278,10 +311,13 @@ def main() -> int:
 
     print(f"\n{props.name}, torch {torch.__version__}; copy bandwidth (read + write): " +
           ", ".join(f"{s} MiB {g:.0f} GB/s" for s, g in res["copy_gbps"].items()))
-    print(f"\n{'what':12s} {'op':32s} {'format':13s} {'dtype':9s} {'block':>5s} {'MiB':>5s} {'ms':>8s} {'GB/s':>7s} {'% copy':>7s}")
+    print("\n\"ceiling\": the same reads and writes with no arithmetic (vk_quant_probe_traffic), % of copy")
+    print(f"\n{'what':12s} {'op':32s} {'format':13s} {'dtype':9s} {'block':>5s} {'MiB':>5s} {'ms':>8s} {'GB/s':>7s} {'% copy':>7s} "
+          f"{'ceiling':>8s}")
     for r in res["rows"]:
+        ceil = f"{r['ceiling_pct_copy']:7.1f}%" if "ceiling_pct_copy" in r else f"{'-':>8s}"
         print(f"{r['kind']:12s} {r['op']:32s} {r['format']:13s} {r['dtype']:9s} {str(r['block'] or '-'):>5s} "
-              f"{r['size_mib']:5d} {r['ms']:8.3f} {r['gbps']:7.0f} {r['pct_copy']:6.1f}%")
+              f"{r['size_mib']:5d} {r['ms']:8.3f} {r['gbps']:7.0f} {r['pct_copy']:6.1f}% {ceil}")
     print(f"\nerrors on randn(1024, 1024), from the GPU ({'all equal' if all(e['equals_reference'] for e in res['errors']) else 'NOT all equal'} to the NumPy reference bit for bit):")
     print(f"{'format':13s} {'block':>5s} {'bits/value':>10s} {'mean abs':>9s} {'mean rel':>9s} {'max/absmax':>10s}")
     for e in res["errors"]:
@@ -302,10 +338,13 @@ def main() -> int:
         shapes = ["kernel"] + [f"kernel@{t}/{g}/{c}" for t, g, c in launches]
         by = {(r["kind"], r["op"], r["format"], r["dtype"], r["size_mib"]): r["pct_copy"] for r in res["rows"]}
         print("\n% of copy bandwidth by launch shape (\"kernel\" is the default: 4096/auto/auto):")
-        print(f"{'op':7s} {'format':13s} {'dtype':9s} {'MiB':>5s} " + " ".join(f"{s:>30s}" for s in shapes))
+        ceil = {(r["op"], r["format"], r["dtype"], r["size_mib"]): r.get("ceiling_pct_copy", float("nan"))
+                for r in res["rows"] if r["kind"] == "kernel"}
+        print(f"{'op':7s} {'format':13s} {'dtype':9s} {'MiB':>5s} {'ceiling':>8s} " + " ".join(f"{s:>30s}" for s in shapes))
         keys = sorted({k[1:] for k in by if k[0] == "kernel"}, key=lambda k: (k[3], k[2], k[1], k[0]))
         for k in keys:
-            print(f"{k[0]:7s} {k[1]:13s} {k[2]:9s} {k[3]:5d} " + " ".join(f"{by.get((s,) + k, float('nan')):29.1f}%" for s in shapes))
+            print(f"{k[0]:7s} {k[1]:13s} {k[2]:9s} {k[3]:5d} {ceil.get(k, float('nan')):7.1f}% " +
+                  " ".join(f"{by.get((s,) + k, float('nan')):29.1f}%" for s in shapes))
         res["min_pct_copy_by_launch"] = {s: min(v for kk, v in by.items() if kk[0] == s and kk[4] >= 256) for s in shapes}
         print("slowest kernel by launch shape: " + ", ".join(f"{s} {v:.1f}%" for s, v in res["min_pct_copy_by_launch"].items()))
         with open(args.out, "w") as f:

@@ -240,9 +240,12 @@ __device__ __forceinline__ void encode_tile(float (&v)[TILE / (kThreads * elem<T
 // VEC: x is 16-byte aligned and codes 8-byte aligned. Whole tiles take the fast path, and a thread
 // block that loops over tiles (persistent grid) has the next tile's loads in flight while it
 // encodes the current one.
-template <int F, typename T, bool VEC, int TILE, bool DIRECT>
-__global__ void __launch_bounds__(kThreads) encode_kernel(const T* __restrict__ x, int64_t n, int log2b,
+// LB: log2 of the block size when the kernel is made for one (the loops over a block's lanes, rows
+// and warps then have constant bounds), 0 when it takes log2b as it comes.
+template <int F, typename T, bool VEC, int TILE, bool DIRECT, int LB = 0>
+__global__ void __launch_bounds__(kThreads) encode_kernel(const T* __restrict__ x, int64_t n, int log2b_arg,
                                                           uint8_t* __restrict__ codes, float* __restrict__ absmax) {
+  const int log2b = LB != 0 ? LB : log2b_arg;
   static_assert(!DIRECT || is_4bit(F), "direct tables are for the 4-bit formats");
   constexpr int V = elem<T>::V, R = TILE / (kThreads * V);
   __shared__ shared_tables<F, DIRECT> tables;
@@ -436,6 +439,44 @@ __global__ void __launch_bounds__(kThreads) compress_scales_kernel(const float* 
   }
 }
 
+// A kernel that only moves bytes as the codecs do, for the benchmark's ceilings: vector i reads RB
+// bytes at src + i * RB and writes WB bytes at dst + i * WB (16-byte sides streamed as the codecs
+// stream theirs), four vectors per thread, one thread block per 1024 vectors.
+template <int B> struct word_of;
+template <> struct word_of<2> { using type = unsigned short; };
+template <> struct word_of<4> { using type = unsigned int; };
+template <> struct word_of<8> { using type = uint2; };
+template <> struct word_of<16> { using type = uint4; };
+template <int B> __device__ __forceinline__ uint32_t fold(const typename word_of<B>::type& w) {
+  if constexpr (B == 16) return w.x ^ w.y ^ w.z ^ w.w;
+  else if constexpr (B == 8) return w.x ^ w.y;
+  else return static_cast<uint32_t>(w);
+}
+template <int B> __device__ __forceinline__ typename word_of<B>::type spread(uint32_t x) {
+  if constexpr (B == 16) return make_uint4(x, x + 1, x + 2, x + 3);
+  else if constexpr (B == 8) return make_uint2(x, x + 1);
+  else return static_cast<typename word_of<B>::type>(x);
+}
+template <int RB, int WB>
+__global__ void __launch_bounds__(kThreads) traffic_kernel(const void* __restrict__ src, int64_t vectors, void* __restrict__ dst) {
+  using RW = typename word_of<RB>::type;
+  using WW = typename word_of<WB>::type;
+  constexpr int R = 4;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads * R + threadIdx.x;
+  uint32_t x[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int64_t i = first + r * kThreads;
+    x[r] = 0;
+    if (i < vectors) x[r] = fold<RB>(RB == 16 ? __ldcs(static_cast<const RW*>(src) + i) : static_cast<const RW*>(src)[i]);
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int64_t i = first + r * kThreads;
+    if (i < vectors) static_cast<WW*>(dst)[i] = spread<WB>(x[r]);
+  }
+}
+
 // ---- host side
 thread_local std::string g_error;
 
@@ -523,13 +564,23 @@ unsigned grid_of(int64_t tiles, int device, bool per_tile) {
   return grid_for<Kernel>(tiles, device);
 }
 
-template <int F, typename T, bool VEC, int TILE, bool DIRECT = false>
+template <int F, typename T, bool VEC, int TILE, bool DIRECT = false, int LB = 0>
 int launch_encode(const T* x, int64_t n, int log2b, uint8_t* codes, float* absmax, int device, cudaStream_t st) {
-  constexpr auto kernel = encode_kernel<F, T, VEC, TILE, DIRECT>;
+  constexpr auto kernel = encode_kernel<F, T, VEC, TILE, DIRECT, LB>;
   kernel<<<grid_of<kernel>((n + TILE - 1) / TILE, device, tiles_grid<F, T>(true)), kThreads, 0, st>>>(x, n, log2b, codes,
                                                                                                       absmax);
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? VK_QUANT_OK : cuda_fail(e, "vk_quant_encode: kernel launch");
+}
+
+// The default block size of each format (vramkit.quant's: 256 for the 8-bit formats, 64 for the
+// 4-bit ones) has kernels of its own at the default tile.
+template <int F> constexpr int kDefaultLog2b = is_4bit(F) ? 6 : 8;
+template <int F, typename T, bool DIRECT = false>
+int launch_encode_default_tile(const T* x, int64_t n, int log2b, uint8_t* codes, float* absmax, int device, cudaStream_t st) {
+  if (log2b == kDefaultLog2b<F>)
+    return launch_encode<F, T, true, kTile, DIRECT, kDefaultLog2b<F>>(x, n, log2b, codes, absmax, device, st);
+  return launch_encode<F, T, true, kTile, DIRECT>(x, n, log2b, codes, absmax, device, st);
 }
 
 template <int F, typename T>
@@ -543,10 +594,10 @@ int encode_as(const void* x, int64_t n, int log2b, void* codes, float* absmax, i
     const int table = g_table.load(std::memory_order_relaxed);
     if (table == 2 || (table == 0 && !tiles_grid<F, T>(true)))
       return wide ? launch_encode<F, T, true, 2 * kTile, true>(xp, n, log2b, cp, absmax, device, st)
-                  : launch_encode<F, T, true, kTile, true>(xp, n, log2b, cp, absmax, device, st);
+                  : launch_encode_default_tile<F, T, true>(xp, n, log2b, cp, absmax, device, st);
   }
   return wide ? launch_encode<F, T, true, 2 * kTile>(xp, n, log2b, cp, absmax, device, st)
-              : launch_encode<F, T, true, kTile>(xp, n, log2b, cp, absmax, device, st);
+              : launch_encode_default_tile<F, T>(xp, n, log2b, cp, absmax, device, st);
 }
 
 template <int F, typename T, bool VEC, int TILE>
@@ -642,6 +693,31 @@ extern "C" int vk_quant_compress_scales(const float* absmax, int64_t nblocks, ui
     compress_scales_kernel<<<grid, kThreads, 0, static_cast<cudaStream_t>(stream)>>>(absmax, nblocks, q8, params);
     const cudaError_t e = cudaGetLastError();
     return e == cudaSuccess ? VK_QUANT_OK : cuda_fail(e, "vk_quant_compress_scales: kernel launch");
+  });
+}
+
+extern "C" int vk_quant_probe_traffic(const void* src, int read_bytes, void* dst, int write_bytes, int64_t vectors,
+                                      int device, void* stream) {
+  auto ok = [](int b) { return b == 2 || b == 4 || b == 8 || b == 16; };
+  if (!ok(read_bytes) || !ok(write_bytes) || (read_bytes != 16 && write_bytes != 16))
+    return fail(VK_QUANT_EINVAL, "vk_quant_probe_traffic: one side moves 16 bytes per vector, the other 2, 4, 8 or 16 (got " +
+                                     std::to_string(read_bytes) + " and " + std::to_string(write_bytes) + ")");
+  if (vectors < 0) return fail(VK_QUANT_EINVAL, "vk_quant_probe_traffic: negative vector count");
+  if (vectors == 0) return VK_QUANT_OK;
+  if (!src || !dst) return fail(VK_QUANT_EINVAL, "vk_quant_probe_traffic: null pointer");
+  if (!aligned(src, read_bytes) || !aligned(dst, write_bytes)) return fail(VK_QUANT_EINVAL, "vk_quant_probe_traffic: unaligned pointer");
+  return on_device(device, [&] {
+    const int64_t blocks = (vectors + 4 * kThreads - 1) / (4 * kThreads);
+    if (blocks > INT32_MAX) return fail(VK_QUANT_EINVAL, "vk_quant_probe_traffic: too many vectors");
+    const unsigned grid = static_cast<unsigned>(blocks);
+    auto st = static_cast<cudaStream_t>(stream);
+#define VKQ_TRAFFIC(R, W) \
+  if (read_bytes == R && write_bytes == W) traffic_kernel<R, W><<<grid, kThreads, 0, st>>>(src, vectors, dst);
+    VKQ_TRAFFIC(16, 16) VKQ_TRAFFIC(16, 8) VKQ_TRAFFIC(16, 4) VKQ_TRAFFIC(16, 2)
+    VKQ_TRAFFIC(8, 16) VKQ_TRAFFIC(4, 16) VKQ_TRAFFIC(2, 16)
+#undef VKQ_TRAFFIC
+    const cudaError_t e = cudaGetLastError();
+    return e == cudaSuccess ? VK_QUANT_OK : cuda_fail(e, "vk_quant_probe_traffic: kernel launch");
   });
 }
 

@@ -344,3 +344,32 @@ def test_gpu_weight_only_helper_on_gpt2():
         # on an H200.
         assert rel < (0.02 if fmt == "int8" else 0.25), (fmt, rel)
     assert results["int8"] < results["nf4"]
+
+
+@pytest.mark.parametrize("rb,wb", [(16, 16), (16, 8), (16, 4), (16, 2), (8, 16), (4, 16), (2, 16)])
+def test_gpu_traffic_probe_moves_what_it_says(rb, wb):
+    """The benchmark's ceiling kernel (vk_quant_probe_traffic) reads every source vector and writes
+    every destination vector: each written vector is the XOR of its source vector's 32-bit words
+    (the source word itself below 4 bytes), then that value, +1, +2, +3 in the next words; the
+    bytes past the last vector are not touched."""
+    from vramkit.quant._arrays import check, library
+    vectors = 3 * 1024 + 5  # a partial last thread block
+    g = torch.Generator(device="cpu").manual_seed(11)
+    src = torch.randint(0, 256, (vectors * rb,), dtype=torch.uint8, generator=g).cuda()
+    dst = torch.full((vectors * wb + 64,), 0xAB, dtype=torch.uint8, device="cuda")
+    check(library().vk_quant_probe_traffic(src.data_ptr(), rb, dst.data_ptr(), wb, vectors, torch.cuda.current_device(),
+                                           torch.cuda.current_stream().cuda_stream))
+    torch.cuda.synchronize()
+    s = src.cpu().numpy()
+    if rb >= 4:
+        x = np.bitwise_xor.reduce(s.view(np.uint32).reshape(vectors, rb // 4), axis=1)
+    else:
+        x = s.view(np.uint16).astype(np.uint32)
+    d = dst.cpu().numpy()
+    assert np.all(d[vectors * wb:] == 0xAB)
+    got = d[: vectors * wb]
+    if wb >= 4:
+        want = (x[:, None] + np.arange(wb // 4, dtype=np.uint32)).astype(np.uint32)
+        assert np.array_equal(got.view(np.uint32).reshape(vectors, wb // 4), want)
+    else:
+        assert np.array_equal(got.view(np.uint16), x.astype(np.uint16))

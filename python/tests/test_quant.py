@@ -364,6 +364,13 @@ def test_kernel_library_refuses_bad_arguments():
         assert lib.vk_quant_encode(*args) == 1
         assert words in lib.vk_quant_last_error().decode()
     assert lib.vk_quant_encode(0, 0, None, 0, 64, None, None, 0, None) == 0  # nothing to do
+    probes = [((None, 16, None, 16, 16, 0, None), "null pointer"), ((16, 16, 4096, 3, 16, 0, None), "one side moves 16"),
+              ((16, 4, 4096, 2, 16, 0, None), "one side moves 16"), ((16, 16, 4096, 16, -1, 0, None), "negative vector"),
+              ((24, 16, 4096, 16, 16, 0, None), "unaligned pointer")]
+    for args, words in probes:
+        assert lib.vk_quant_probe_traffic(*args) == 1, words
+        assert words in lib.vk_quant_last_error().decode()
+    assert lib.vk_quant_probe_traffic(None, 16, None, 16, 0, 0, None) == 0  # nothing to do
     assert lib.vk_quant_pointer_device(ctypes.c_void_p(12345)) == -1 or vramkit.backend() == "cuda"
 
 

@@ -58,6 +58,13 @@ int vk_quant_pointer_device(const void* p);
  * 2: the direct table (indexed by a value's top 11 bits). Returns 0 or VK_QUANT_EINVAL. */
 int vk_quant_set_launch(int tile, int grid_mode, int table);
 
+/* A kernel that moves bytes as the codecs do and computes nothing, for benchmarks: vector i reads
+ * read_bytes at src + i * read_bytes and writes write_bytes at dst + i * write_bytes; one side
+ * moves 16 bytes per vector, the other 2, 4, 8 or 16. Its bandwidth is what a codec with the same
+ * reads and writes could reach at best. 0, VK_QUANT_EINVAL or VK_QUANT_ECUDA. */
+int vk_quant_probe_traffic(const void* src, int read_bytes, void* dst, int write_bytes, int64_t vectors, int device,
+                           void* stream);
+
 /* At most `blocks` thread blocks in a persistent grid (0, the default: as many as are resident),
  * for tests: a small cap makes every block loop over several tiles. 0 or VK_QUANT_EINVAL. */
 int vk_quant_set_max_blocks(int blocks);

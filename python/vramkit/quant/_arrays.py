@@ -232,8 +232,9 @@ def library():
                 lib.vk_quant_pointer_device.argtypes = [p]
                 lib.vk_quant_set_launch.argtypes = [i, i, i]
                 lib.vk_quant_set_max_blocks.argtypes = [i]
+                lib.vk_quant_probe_traffic.argtypes = [p, i, p, i, i64, i, p]
                 for f in ("vk_quant_encode", "vk_quant_decode", "vk_quant_compress_scales", "vk_quant_table",
-                          "vk_quant_pointer_device", "vk_quant_set_launch", "vk_quant_set_max_blocks"):
+                          "vk_quant_pointer_device", "vk_quant_set_launch", "vk_quant_set_max_blocks", "vk_quant_probe_traffic"):
                     getattr(lib, f).restype = i
                 lib.vk_quant_last_error.restype = ctypes.c_char_p
                 lib.vk_quant_last_error.argtypes = []
