@@ -90,15 +90,18 @@ __device__ __forceinline__ uint32_t enc_fp8x2(float a, float b) {  // a -> low b
     asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(b), "f"(a));
   return r;
 }
+// The shared-memory tables keep an entry's codes as low code | high code << 16 (see build_tables):
+// the encoders return the code in the low byte and leave the bits above it to the packing, which
+// takes only low bytes.
 __device__ __forceinline__ uint32_t enc_table(const table_spec& s, const uint2* bucket, float v) {
   const uint2 b = bucket[bucket_of(s, __float_as_uint(v))];
-  return v > __uint_as_float(b.x) ? (b.y >> 8) & 0xffu : b.y & 0xffu;
+  return v > __uint_as_float(b.x) ? b.y >> 16 : b.y;
 }
 
 // The same code from the direct table of a 4-bit format (index: the value's top 11 bits).
 __device__ __forceinline__ uint32_t enc_direct(const uint2* direct, float v) {
   const uint2 b = direct[__float_as_uint(v) >> 21];
-  return v > __uint_as_float(b.x) ? (b.y >> 8) & 0xffu : b.y & 0xffu;
+  return v > __uint_as_float(b.x) ? b.y >> 16 : b.y;
 }
 
 // DIRECT (4-bit formats): the 2048-entry direct table instead of the bucket table.
@@ -123,7 +126,7 @@ __device__ void build_tables(shared_tables<F, DIRECT>& t) {
         bool ok;
         make_bucket(F, s, t.thr, b, e, &ok);
       }
-      t.bucket[b] = make_uint2(e[0], e[1]);
+      t.bucket[b] = make_uint2(e[0], (e[1] & 0xffu) | ((e[1] >> 8) & 0xffu) << 16);
     }
     __syncthreads();
   }
@@ -198,7 +201,7 @@ __device__ __forceinline__ void encode_tile(float (&v)[TILE / (kThreads * elem<T
 #pragma unroll
       for (int j = 0; j < V; j += 2) {
         const uint32_t p = enc_fp8x2<F>(__fmul_rn(v[r][j], inv), __fmul_rn(v[r][j + 1], inv));
-        c[j] = p & 0xffu;
+        c[j] = p;  // the low byte is element j's (packing takes low bytes only)
         c[j + 1] = p >> 8;
       }
     } else {
@@ -209,10 +212,18 @@ __device__ __forceinline__ void encode_tile(float (&v)[TILE / (kThreads * elem<T
       }
     }
     const bool whole = VEC && (FULL || e + V <= n);  // !VEC: codes may be unaligned
+    // c[j]: element j's code in the low byte (4-bit codes: the low nibble), anything above it;
+    // byte permutes gather the low bytes.
+    auto low_bytes = [](uint32_t a, uint32_t b, uint32_t c2, uint32_t d) {
+      return __byte_perm(__byte_perm(a, b, 0x0040), __byte_perm(c2, d, 0x0040), 0x5410);
+    };
     if constexpr (is_4bit(F)) {  // first element in the high nibble
-      uint32_t w = 0;
+      uint32_t pb[V / 2];  // byte 0: the pair's byte (no carry: the low nibbles are whole codes)
 #pragma unroll
-      for (int j = 0; j < V; j += 2) w |= ((c[j] << 4) | c[j + 1]) << (4 * j);
+      for (int j = 0; j < V; j += 2) pb[j / 2] = (c[j] << 4) + c[j + 1];
+      uint32_t w;
+      if constexpr (V == 4) w = __byte_perm(pb[0], pb[1], 0x0040);
+      else w = low_bytes(pb[0], pb[1], pb[2], pb[3]);
       uint8_t* dst = codes + (e >> 1);
       if (whole) {
         if constexpr (V == 4) *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(w);
@@ -224,7 +235,7 @@ __device__ __forceinline__ void encode_tile(float (&v)[TILE / (kThreads * elem<T
     } else {
       uint32_t w[2] = {0, 0};
 #pragma unroll
-      for (int j = 0; j < V; ++j) w[j >> 2] |= c[j] << (8 * (j & 3));
+      for (int k = 0; k < V / 4; ++k) w[k] = low_bytes(c[4 * k], c[4 * k + 1], c[4 * k + 2], c[4 * k + 3]);
       uint8_t* dst = codes + e;
       if (whole) {
         if constexpr (V == 4) *reinterpret_cast<uint32_t*>(dst) = w[0];
@@ -257,29 +268,34 @@ __global__ void __launch_bounds__(kThreads) encode_kernel(const T* __restrict__ 
   const int64_t full = VEC ? n / TILE : 0;  // tiles with every element below n
   // Vector index of row r of this thread within a tile.
   auto offset = [&](int r) { return static_cast<int64_t>(warp * 32 * R + r * 32 + lane) * V; };
-  uint4 raw[R];
+  // Whole tiles: two register sets take turns (one being encoded while the other's loads are in
+  // flight), so that no register moves between them. Then the last, partial tile.
+  uint4 raw[2][R];
   int64_t tile = blockIdx.x;
-  if (tile < full) {
+  auto load = [&](uint4 (&dst)[R], int64_t t) {
 #pragma unroll
-    for (int r = 0; r < R; ++r) raw[r] = __ldcs(reinterpret_cast<const uint4*>(x + tile * TILE + offset(r)));
+    for (int r = 0; r < R; ++r) dst[r] = __ldcs(reinterpret_cast<const uint4*>(x + t * TILE + offset(r)));
+  };
+  auto encode_whole = [&](const uint4 (&src)[R], uint4 (&ahead)[R], int64_t t) {
+    float v[R][V];
+#pragma unroll
+    for (int r = 0; r < R; ++r) unpack_vec<T>(src[r], v[r]);
+    if (t + gridDim.x < full) load(ahead, t + gridDim.x);
+    encode_tile<F, T, VEC, TILE, DIRECT, true>(v, t * TILE, n, log2b, tables, part, codes, absmax);
+  };
+  if (tile < full) load(raw[0], tile);
+  while (tile < full) {
+    encode_whole(raw[0], raw[1], tile);
+    tile += gridDim.x;
+    if (tile >= full) break;
+    encode_whole(raw[1], raw[0], tile);
+    tile += gridDim.x;
   }
   for (; tile < ntiles; tile += gridDim.x) {
-    const int64_t base = tile * TILE;
     float v[R][V];
-    if (tile < full) {
 #pragma unroll
-      for (int r = 0; r < R; ++r) unpack_vec<T>(raw[r], v[r]);
-      const int64_t next = tile + gridDim.x;
-      if (next < full) {
-#pragma unroll
-        for (int r = 0; r < R; ++r) raw[r] = __ldcs(reinterpret_cast<const uint4*>(x + next * TILE + offset(r)));
-      }
-      encode_tile<F, T, VEC, TILE, DIRECT, true>(v, base, n, log2b, tables, part, codes, absmax);
-    } else {
-#pragma unroll
-      for (int r = 0; r < R; ++r) load_vec<T, VEC>(x, base + offset(r), n, v[r]);
-      encode_tile<F, T, VEC, TILE, DIRECT, false>(v, base, n, log2b, tables, part, codes, absmax);
-    }
+    for (int r = 0; r < R; ++r) load_vec<T, VEC>(x, tile * TILE + offset(r), n, v[r]);
+    encode_tile<F, T, VEC, TILE, DIRECT, false>(v, tile * TILE, n, log2b, tables, part, codes, absmax);
   }
 }
 
@@ -359,13 +375,12 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const uint8_t* __restr
   const bool dq = absmax == nullptr;
   const int64_t ntiles = (n + TILE - 1) / TILE;
   int64_t tile = blockIdx.x;
-  decode_loads<R> next;
-  if (tile < ntiles) decode_load<F, T, VEC, TILE>(next, codes, absmax, q8, params, tile * TILE, n, log2b);
-  for (; tile < ntiles; tile += gridDim.x) {
-    const int64_t base = tile * TILE;
-    const decode_loads<R> L = next;
-    if (tile + gridDim.x < ntiles)
-      decode_load<F, T, VEC, TILE>(next, codes, absmax, q8, params, (tile + gridDim.x) * TILE, n, log2b);
+  // Two sets of loads take turns (one decoded while the other's are in flight): no copies.
+  decode_loads<R> buf[2];
+  auto decode_one = [&](const decode_loads<R>& L, decode_loads<R>& ahead, int64_t t) {
+    if (t + gridDim.x < ntiles)
+      decode_load<F, T, VEC, TILE>(ahead, codes, absmax, q8, params, (t + gridDim.x) * TILE, n, log2b);
+    const int64_t base = t * TILE;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       const int64_t e = base + static_cast<int64_t>(r * kThreads + tid) * V;
@@ -399,6 +414,14 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const uint8_t* __restr
           if (e + j < n) store_one<T>(out + e + j, o[j]);
       }
     }
+  };
+  if (tile < ntiles) decode_load<F, T, VEC, TILE>(buf[0], codes, absmax, q8, params, tile * TILE, n, log2b);
+  while (tile < ntiles) {
+    decode_one(buf[0], buf[1], tile);
+    tile += gridDim.x;
+    if (tile >= ntiles) break;
+    decode_one(buf[1], buf[0], tile);
+    tile += gridDim.x;
   }
 }
 
