@@ -77,9 +77,13 @@ __device__ __forceinline__ void load_vec(const T* __restrict__ x, int64_t e, int
 }
 
 // ---- per-element encoders (the NumPy reference mirrors each step)
+// rint(v * inv) clamped to [-127, 127], as int8 in the low byte (the bits above are not the
+// code's). Clamping first gives the same integer (the bounds are integers), and adding 1.5 * 2^23
+// rounds to the nearest integer, ties to even, into the low mantissa bits: no conversion
+// instructions (a quarter of the arithmetic rate). A NaN product clamps to -127 either way.
 __device__ __forceinline__ uint32_t enc_int8(float v, float inv) {
-  const float q = fminf(fmaxf(rintf(__fmul_rn(v, inv)), -127.0f), 127.0f);
-  return static_cast<uint32_t>(static_cast<uint8_t>(static_cast<int8_t>(__float2int_rn(q))));
+  const float q = fminf(fmaxf(__fmul_rn(v, inv), -127.0f), 127.0f);
+  return __float_as_uint(__fadd_rn(q, 12582912.0f));
 }
 template <int F>
 __device__ __forceinline__ uint32_t enc_fp8x2(float a, float b) {  // a -> low byte, b -> high byte
@@ -93,8 +97,21 @@ __device__ __forceinline__ uint32_t enc_fp8x2(float a, float b) {  // a -> low b
 // The shared-memory tables keep an entry's codes as low code | high code << 16 (see build_tables):
 // the encoders return the code in the low byte and leave the bits above it to the packing, which
 // takes only low bytes.
+// bucket_of(s, bits of v) in fewer instructions: the magnitude clamped as a float (two min/max,
+// the absolute value for free) into the range whose top bits index the regular buckets, then one
+// shift. Equal to bucket_of for every v but signalling NaNs, which a product never is (checked
+// on the host over all 2^32 patterns; the GPU tests compare the codes with the reference's,
+// non-finite values included).
+__device__ __forceinline__ int bucket_of_float(const table_spec& s, float v) {
+  const float lo = __uint_as_float((static_cast<uint32_t>(s.e0) << 23) - 1);  // largest of bucket 0
+  const float hi = __uint_as_float((static_cast<uint32_t>(s.e0 + s.octaves) << 23) + (1u << (23 - s.mbits)) - 1);
+  const float m = fmaxf(fminf(fabsf(v), hi), lo);  // min first: a NaN goes to the last bucket
+  const int t = static_cast<int>(__float_as_uint(m) >> (23 - s.mbits)) - (s.e0 << s.mbits) + 1;
+  return static_cast<int>(__float_as_uint(v) >> 31) * s.per_sign() + t;
+}
+
 __device__ __forceinline__ uint32_t enc_table(const table_spec& s, const uint2* bucket, float v) {
-  const uint2 b = bucket[bucket_of(s, __float_as_uint(v))];
+  const uint2 b = bucket[bucket_of_float(s, v)];
   return v > __uint_as_float(b.x) ? b.y >> 16 : b.y;
 }
 
