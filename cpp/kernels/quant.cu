@@ -99,9 +99,9 @@ __device__ __forceinline__ uint32_t enc_fp8x2(float a, float b) {  // a -> low b
 // takes only low bytes.
 // bucket_of(s, bits of v) in fewer instructions: the magnitude clamped as a float (two min/max,
 // the absolute value for free) into the range whose top bits index the regular buckets, then one
-// shift. Equal to bucket_of for every v but signalling NaNs, which a product never is (checked
-// on the host over all 2^32 patterns; the GPU tests compare the codes with the reference's,
-// non-finite values included).
+// shift. Equal to bucket_of for every v but signalling NaNs, which a product never is (compared
+// once over all 2^32 patterns when it was written; the GPU tests compare every code with the
+// reference's, non-finite values included).
 __device__ __forceinline__ int bucket_of_float(const table_spec& s, float v) {
   const float lo = __uint_as_float((static_cast<uint32_t>(s.e0) << 23) - 1);  // largest of bucket 0
   const float hi = __uint_as_float((static_cast<uint32_t>(s.e0 + s.octaves) << 23) + (1u << (23 - s.mbits)) - 1);
