@@ -265,6 +265,21 @@ __device__ __forceinline__ void encode_tile(float (&v)[TILE / (kThreads * elem<T
   }
 }
 
+// Calls step(current, ahead, t) for this thread block's tiles t below end, the two register sets
+// taking turns (the step works on one while it loads the next tile into the other, so that no
+// register moves between them); returns the first tile at or past end.
+template <typename Set, typename Step>
+__device__ __forceinline__ int64_t take_turns(Set (&sets)[2], int64_t tile, int64_t end, Step& step) {
+  while (tile < end) {
+    step(sets[0], sets[1], tile);
+    tile += gridDim.x;
+    if (tile >= end) break;
+    step(sets[1], sets[0], tile);
+    tile += gridDim.x;
+  }
+  return tile;
+}
+
 // VEC: x is 16-byte aligned and codes 8-byte aligned. Whole tiles take the fast path, and a thread
 // block that loops over tiles (persistent grid) has the next tile's loads in flight while it
 // encodes the current one.
@@ -301,13 +316,7 @@ __global__ void __launch_bounds__(kThreads) encode_kernel(const T* __restrict__ 
     encode_tile<F, T, VEC, TILE, DIRECT, true>(v, t * TILE, n, log2b, tables, part, codes, absmax);
   };
   if (tile < full) load(raw[0], tile);
-  while (tile < full) {
-    encode_whole(raw[0], raw[1], tile);
-    tile += gridDim.x;
-    if (tile >= full) break;
-    encode_whole(raw[1], raw[0], tile);
-    tile += gridDim.x;
-  }
+  tile = take_turns(raw, tile, full, encode_whole);
   for (; tile < ntiles; tile += gridDim.x) {
     float v[R][V];
 #pragma unroll
@@ -433,13 +442,7 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const uint8_t* __restr
     }
   };
   if (tile < ntiles) decode_load<F, T, VEC, TILE>(buf[0], codes, absmax, q8, params, tile * TILE, n, log2b);
-  while (tile < ntiles) {
-    decode_one(buf[0], buf[1], tile);
-    tile += gridDim.x;
-    if (tile >= ntiles) break;
-    decode_one(buf[1], buf[0], tile);
-    tile += gridDim.x;
-  }
+  take_turns(buf, tile, ntiles, decode_one);
 }
 
 // One thread block per group of 256 absmax values: min, max, then 8-bit codes of (a - min).
