@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <iostream>
 #include <memory>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -14,12 +15,19 @@
 #include "vramkit/trace/replay.hpp"
 
 // (diagnostic) VKLAG=L: a GPU L operations behind the host; an event recorded
-// at operation i completes at operation i + L (or when waited for).
+// at operation i completes at operation i + L (or when waited for). VKJITTER=S:
+// each event's lag drawn from [L/2, 3L/2] (seed S), as a GPU's pace varies.
 struct lag_streams : vramkit::stream_ops {
   std::size_t now = 0, lag = 0, caught_up = 0, waits = 0;
-  std::vector<std::size_t> at{0};
-  vramkit::event_id record(vramkit::stream_t) override { at.push_back(now); return at.size() - 1; }
-  bool done(vramkit::event_id e) override { return at[e] + lag <= now || at[e] <= caught_up; }
+  std::vector<std::size_t> at{0}, lag_of{0};
+  std::mt19937_64 rng;
+  bool jitter = false;
+  vramkit::event_id record(vramkit::stream_t) override {
+    at.push_back(now);
+    lag_of.push_back(jitter && lag > 1 ? lag / 2 + rng() % (lag + 1) : lag);
+    return at.size() - 1;
+  }
+  bool done(vramkit::event_id e) override { return at[e] + lag_of[e] <= now || at[e] <= caught_up; }
   void wait(vramkit::event_id e) override { if (!done(e)) { ++waits; caught_up = now; } }
   void release(vramkit::event_id) noexcept override {}
 };
@@ -70,6 +78,10 @@ int main(int argc, char** argv) {
   }
   auto lag = std::make_shared<lag_streams>();
   lag->lag = std::getenv("VKLAG") ? std::strtoull(std::getenv("VKLAG"), nullptr, 10) : 0;
+  if (const char* j = std::getenv("VKJITTER")) {
+    lag->jitter = true;
+    lag->rng.seed(std::strtoull(j, nullptr, 10));
+  }
   vramkit::pool_resource pool(dev, lag, o);
   if (std::getenv("VKLAG")) {
     std::vector<void*> ptr(ops.size(), nullptr);
