@@ -103,6 +103,31 @@ def test_fp8_saturates_and_keeps_nan():
     assert R.fp8_encode(np.array([57344.0, 1e9, -1e9], np.float32), "fp8_e5m2").tolist() == [0x7B, 0x7B, 0xFB]
 
 
+@pytest.mark.parametrize("fmt", list(vq.FORMATS))
+def test_a_nan_product_is_the_positive_nan(fmt):
+    """An infinite absmax makes its block's scale 0 and the infinite element inf * 0 = NaN; a NaN
+    input stays NaN. The GPU's multiply gives the positive NaN either way (x86 gives inf * 0 the
+    sign bit), so the reference encodes every NaN product as +NaN: for the table formats the
+    last value's code, whatever the input's sign."""
+    block = 64
+    x = np.zeros(4 * block, np.float32)
+    x[1], x[5] = 1.0, -2.0
+    x[0] = np.inf                                   # block 0: +inf, scale 0
+    x[block] = -np.inf                              # block 1: -inf, scale 0
+    x[2 * block] = np.uint32(0xFFC00000).view(np.float32)  # block 2: a negative NaN input
+    x[2 * block + 1] = 3.0
+    x[3 * block] = np.nan                           # block 3: a positive NaN input
+    x[3 * block + 1] = -3.0
+    codes, absmax = R.encode(x, fmt, block)
+    c = R.unpack(codes, fmt, x.size)
+    plus_nan = R.encode(np.array([np.nan, 1.0], np.float32), fmt, 32)  # a lone +NaN, scale 1
+    want = R.unpack(plus_nan[0], fmt, 2)[0]
+    for i in (0, block, 2 * block, 3 * block):
+        assert c[i] == want, (fmt, i, int(c[i]), int(want))
+    if fmt in ("nf4", "fp4", "int8_dynamic"):
+        assert int(want) == int(F.code_of_index(fmt)[-1])  # the last value's code
+
+
 # ------------------------------------------------------------------ round trips
 
 @pytest.mark.parametrize("fmt", list(vq.FORMATS))

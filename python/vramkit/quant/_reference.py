@@ -89,7 +89,11 @@ def encode(x32: np.ndarray, fmt: str, block: int):
     with np.errstate(divide="ignore", over="ignore"):
         inv = np.where(absmax > 0, np.fmin(np.float32(QMAX[fmt]) / absmax, F32_MAX), np.float32(0))
     inv = inv.astype(np.float32)
-    v = x32 * np.repeat(inv, block)[:n]
+    with np.errstate(invalid="ignore"):  # inf * 0: NaN, below
+        v = x32 * np.repeat(inv, block)[:n]
+    # A NaN product is the positive NaN, as a GPU's multiply gives it (x86 gives inf * 0 and a
+    # negative NaN times anything the sign bit); the table formats' code depends on the sign.
+    v[np.isnan(v)] = np.float32(np.nan)
     if fmt == "int8":
         codes = np.fmin(np.fmax(np.rint(v), np.float32(-127)), np.float32(127)).astype(np.int8).view(np.uint8)
     elif fmt in ("fp8_e4m3", "fp8_e5m2"):
