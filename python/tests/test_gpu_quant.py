@@ -105,7 +105,7 @@ def test_gpu_launch_shapes_give_the_same_bits(launch, dtype):
         vq.set_launch(*launch)
         for fmt in FORMATS:
             for i, (n, block) in enumerate([(62, 64), (4096, 4096), (3 * 4096 + 2, 512), (5 * 8192 + 6, 32),
-                                            ((1 << 20) + 38, 64), ((1 << 20) + 38, 4096)]):
+                                            ((1 << 20) + 38, 64), ((1 << 20) + 38, 256), ((1 << 20) + 38, 4096)]):
                 x = randn(n, dtype, seed=2000 + i)
                 q = vq.quantize(x, fmt, block=block)
                 check_against_reference(x, q, fmt, block, dtype, f"{fmt} {dtype} n={n} block={block} {launch}")
@@ -122,6 +122,37 @@ def test_gpu_launch_shapes_give_the_same_bits(launch, dtype):
             assert np.array_equal(base_codes, ref), f"{fmt} {dtype} {launch}: codes of non-finite values differ"
     finally:
         vq.set_launch()
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_non_finite_values_equal_the_reference(dtype):
+    """Blocks holding +inf, -inf, a positive and a negative NaN, at block sizes 64, 256 and 1024:
+    codes and absmax equal the reference's bit for bit (an infinite absmax makes its block's scale
+    0 and the infinite element NaN; the GPU's multiply gives the positive NaN, and so does the
+    reference); dequantized values are equal where finite and NaN where the reference's are."""
+    for fmt in FORMATS:
+        for block in (64, 256, 1024):
+            n = 8 * block + 6
+            g = np.random.default_rng(block)
+            xf = (g.standard_normal(n) * 3.0).astype(np.float32)
+            xf[3], xf[block + 5] = np.inf, -np.inf
+            xf[2 * block + 7] = np.uint32(0x7FC00000).view(np.float32)
+            xf[3 * block + 1] = np.uint32(0xFFC00000).view(np.float32)
+            xf[5 * block:5 * block + 4] = [np.inf, np.nan, -np.inf, 0.0]
+            x = torch.from_numpy(xf).to(TORCH_DT[dtype]).cuda()
+            what = f"{fmt} {dtype} block={block}"
+            q = vq.quantize(x, fmt, block=block)
+            xh = R.to_f32(to_host_bits(x), dtype)
+            codes, absmax = R.encode(xh, fmt, block)
+            assert np.array_equal(host(q.absmax, np.float32).view(np.uint32), absmax.view(np.uint32)), what
+            got = host(q.codes, np.uint8)
+            bad = np.flatnonzero(got != codes)
+            assert bad.size == 0, f"{what}: code bytes differ at {bad[:4]}: gpu {got[bad[:4]]} reference {codes[bad[:4]]}"
+            want = R.to_f32(R.from_f32(R.decode(codes, absmax, fmt, block, n), dtype), dtype)
+            y = R.to_f32(to_host_bits(q.dequantize()).reshape(-1), dtype)
+            assert np.array_equal(np.isnan(y), np.isnan(want)), what
+            fin = ~np.isnan(want)
+            assert np.array_equal(y[fin].view(np.uint32), want[fin].view(np.uint32)), what
 
 
 @pytest.mark.parametrize("fmt", FORMATS)
