@@ -100,8 +100,8 @@ __device__ __forceinline__ uint32_t enc_fp8x2(float a, float b) {  // a -> low b
 // bucket_of(s, bits of v) in fewer instructions: the magnitude clamped as a float (two min/max,
 // the absolute value for free) into the range whose top bits index the regular buckets, then one
 // shift. Equal to bucket_of for every v but signalling NaNs, which a product never is (compared
-// once over all 2^32 patterns when it was written; the GPU tests compare every code with the
-// reference's, non-finite values included).
+// over all 2^32 patterns when it was written; the GPU tests compare the codes with the
+// reference's, test_gpu_non_finite_values_equal_the_reference those of infinities and NaNs).
 __device__ __forceinline__ int bucket_of_float(const table_spec& s, float v) {
   const float lo = __uint_as_float((static_cast<uint32_t>(s.e0) << 23) - 1);  // largest of bucket 0
   const float hi = __uint_as_float((static_cast<uint32_t>(s.e0 + s.octaves) << 23) + (1u << (23 - s.mbits)) - 1);
@@ -750,9 +750,9 @@ extern "C" int vk_quant_probe_traffic(const void* src, int read_bytes, void* dst
   if (!src || !dst) return fail(VK_QUANT_EINVAL, "vk_quant_probe_traffic: null pointer");
   if (!aligned(src, read_bytes) || !aligned(dst, write_bytes)) return fail(VK_QUANT_EINVAL, "vk_quant_probe_traffic: unaligned pointer");
   return on_device(device, [&] {
-    const int64_t blocks = (vectors + 4 * kThreads - 1) / (4 * kThreads);
-    if (blocks > INT32_MAX) return fail(VK_QUANT_EINVAL, "vk_quant_probe_traffic: too many vectors");
-    const unsigned grid = static_cast<unsigned>(blocks);
+    if (vectors > static_cast<int64_t>(INT32_MAX) * 4 * kThreads)
+      return fail(VK_QUANT_EINVAL, "vk_quant_probe_traffic: too many vectors");
+    const unsigned grid = static_cast<unsigned>((vectors + 4 * kThreads - 1) / (4 * kThreads));
     auto st = static_cast<cudaStream_t>(stream);
 #define VKQ_TRAFFIC(R, W) \
   if (read_bytes == R && write_bytes == W) traffic_kernel<R, W><<<grid, kThreads, 0, st>>>(src, vectors, dst);
