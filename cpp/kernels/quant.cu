@@ -94,9 +94,7 @@ __device__ __forceinline__ uint32_t enc_fp8x2(float a, float b) {  // a -> low b
     asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(r) : "f"(b), "f"(a));
   return r;
 }
-// The shared-memory tables keep an entry's codes as low code | high code << 16 (see build_tables):
-// the encoders return the code in the low byte and leave the bits above it to the packing, which
-// takes only low bytes.
+
 // bucket_of(s, bits of v) in fewer instructions: the magnitude clamped as a float (two min/max,
 // the absolute value for free) into the range whose top bits index the regular buckets, then one
 // shift. Equal to bucket_of for every v but signalling NaNs, which a product never is (compared
@@ -110,6 +108,9 @@ __device__ __forceinline__ int bucket_of_float(const table_spec& s, float v) {
   return static_cast<int>(__float_as_uint(v) >> 31) * s.per_sign() + t;
 }
 
+// The shared-memory tables keep an entry's codes as low code | high code << 16 (see build_tables):
+// the encoders return the code in the low byte and leave the bits above it to the packing, which
+// takes only low bytes.
 __device__ __forceinline__ uint32_t enc_table(const table_spec& s, const uint2* bucket, float v) {
   const uint2 b = bucket[bucket_of_float(s, v)];
   return v > __uint_as_float(b.x) ? b.y >> 16 : b.y;
