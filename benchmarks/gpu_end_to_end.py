@@ -45,6 +45,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from e2e import report  # noqa: E402
 from e2e.child import RESULT_PREFIX, is_vramkit, parse_vramkit_conf, variant_options  # noqa: E402
+from e2e.cpus import format_cpu_list, gpu_local_cpus, plan_cpus  # noqa: E402
 from e2e.workloads import WORKLOADS  # noqa: E402
 
 ALLOCATORS = ("default", "expandable", "vramkit", "vramkit-tracking", "vramkit-8mib", "vramkit-cuda")
@@ -139,7 +140,7 @@ def run_child(rep: int, w: str, alloc: str, a, launcher: Launcher, sampler, floo
     if a.snapshot and alloc == "default":
         snap = os.path.join(a.snapshot, f"{w}-default.pickle" if rep == 0 else f"{w}-default-{rep}.pickle")
     argv = [w, alloc, str(a.steps), str(a.warmup), str(a.seed), a.determinism, a.vramkit_conf,
-            snap, "1" if check_expandable else "0"]
+            snap, "1" if check_expandable else "0", a.run_cpus]
     env = child_env(alloc, a.determinism != "off")
     rec: dict = {"workload": w, "allocator": alloc, "repeat": rep}
     try:  # the host's load when the run starts: another cause of slow runs
@@ -235,6 +236,10 @@ def parse_args(argv=None):
     ap.add_argument("--spawn", choices=("fork", "fresh"), default="fork",
                     help="how run processes start: forked from a zygote that imported torch and the model "
                          "libraries once (default), or fresh interpreters that import everything each run")
+    ap.add_argument("--cpus", default="all", metavar="all|auto|LIST",
+                    help="where the runs execute: 'all' (default: where the scheduler puts them), 'auto' (pinned to "
+                         "the GPU's CPUs, less one core left to this process and its NVML sampler), or a CPU list "
+                         "such as 2-7 (e2e/cpus.py)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 6 steps, one repeat (unless given)")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and exit (needs no GPU, no torch)")
     a = ap.parse_args(argv)
@@ -274,9 +279,26 @@ def parse_args(argv=None):
         ap.error("--vramkit-conf given but no vramkit allocator is run")
     if a.snapshot and "default" not in a.allocators:
         ap.error("--snapshot records the 'default' runs: add 'default' to --allocators")
+    if a.cpus not in ("auto", "all"):
+        from e2e.cpus import parse_cpu_list
+        try:
+            parse_cpu_list(a.cpus)
+        except ValueError as e:
+            ap.error(f"--cpus: {e}")
     if a.json and not os.path.isdir(os.path.dirname(os.path.abspath(a.json))):
         ap.error(f"--json {a.json}: no such directory")
     return a
+
+
+def place_processes(spec: str, sampler) -> dict:
+    """Pins this process (and so its sampler thread and the zygotes it starts) per --cpus; returns
+    the plan, whose "runs" each run process pins itself to (e2e/cpus.py)."""
+    allowed = sorted(os.sched_getaffinity(0))
+    local = gpu_local_cpus(sampler.pci_bus_id()) if sampler is not None else None
+    placement = plan_cpus(spec, allowed, local)
+    if placement["parent"]:
+        os.sched_setaffinity(0, placement["parent"])
+    return placement
 
 
 def print_plan(a, runs) -> None:
@@ -332,10 +354,18 @@ def main(argv=None) -> int:
     except Exception as e:  # noqa: BLE001 - NVML is optional: the allocators' own figures remain
         nvml_note = f"NVML unavailable ({type(e).__name__}: {str(e)[:120]}): no NVML column"
         print(nvml_note, file=sys.stderr)
+    try:
+        placement = place_processes(a.cpus, sampler)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    a.run_cpus = format_cpu_list(placement["runs"]) if placement["runs"] else ""
+    print(placement["note"], file=sys.stderr)
     meta = {"date": stamp, "spawn": a.spawn, "argv": sys.argv[1:] if argv is None else argv, "steps": a.steps, "warmup": a.warmup,
             "repeat": a.repeat, "seed": a.seed, "determinism": a.determinism, "vramkit_conf": a.vramkit_conf,
             "workloads": a.workloads, "allocators": a.allocators, "nvml_device": getattr(sampler, "name", None),
-            "nvml_interval_ms": a.nvml_interval_ms, "nvml_floor": floor}
+            "nvml_interval_ms": a.nvml_interval_ms, "nvml_floor": floor, "cpus": a.cpus,
+            "run_cpus": placement["runs"], "parent_cpus": placement["parent"], "cpu_note": placement["note"]}
     records: list[dict] = []
     t_suite = time.perf_counter()
 

@@ -14,6 +14,8 @@ import time
 import traceback
 import warnings
 
+from e2e.cpus import current_cpu, format_cpu_list, host_clocks, parse_cpu_list
+
 RESULT_PREFIX = "E2E-RESULT "
 NAMED_VRAMKIT = ("vramkit", "vramkit-tracking", "vramkit-8mib", "vramkit-cuda")
 # vramkit-8mib: 8 MiB pages (one driver handle each) instead of 2 MiB: a quarter of the map calls.
@@ -152,10 +154,12 @@ def _allocator_stats(torch, alloc: str, check_expandable: bool) -> dict:
 
 
 def run(workload: str, alloc: str, steps: int, warmup: int, seed: int, vramkit_conf: str,
-        determinism: str, snapshot: str = "", check_expandable: bool = False) -> dict:
+        determinism: str, snapshot: str = "", check_expandable: bool = False, cpus: str = "") -> dict:
     t_start = time.perf_counter()
+    if cpus:  # before CUDA and PyTorch start their threads, which inherit it
+        os.sched_setaffinity(0, parse_cpu_list(cpus))
     res: dict = {"workload": workload, "allocator": alloc, "steps": steps, "warmup": warmup, "seed": seed,
-                 "determinism": determinism, "pid": os.getpid()}
+                 "determinism": determinism, "pid": os.getpid(), "cpus": format_cpu_list(os.sched_getaffinity(0))}
     if determinism not in ("strict", "warn", "off"):
         raise SystemExit(f"unknown determinism {determinism!r} (strict, warn, off)")
     caught = _Warnings()
@@ -222,15 +226,21 @@ def run(workload: str, alloc: str, steps: int, warmup: int, seed: int, vramkit_c
         # the driver calls a warm step still makes.
         page_ops = _page_op_reader(alloc)
         step_page_ops = []
+        step_cpus = []  # the CPU the launching thread was on after each step
+        step_host = []  # host counters over each step (e2e/cpus.py host_clocks)
         t_loop = time.perf_counter()
         for i in range(steps):
             batch = runner.inputs(i)
             torch.cuda.synchronize()
             before = page_ops() if page_ops else None
+            h0 = host_clocks()
             t = time.perf_counter()
             v = runner.step(batch).tolist()
             torch.cuda.synchronize()
             times.append((time.perf_counter() - t) * 1e3)
+            h1 = host_clocks()
+            step_cpus.append(current_cpu())
+            step_host.append({k: round(h1[k] - h0[k], 3) for k in h1 if k in h0})
             if page_ops:
                 after = page_ops()
                 step_page_ops.append({k: after[k] - before[k] for k in after})
@@ -238,6 +248,8 @@ def run(workload: str, alloc: str, steps: int, warmup: int, seed: int, vramkit_c
             del batch
         if step_page_ops:
             res["step_page_ops"] = step_page_ops
+        res["step_cpus"] = step_cpus
+        res["step_host"] = step_host
         res["loop_s"] = time.perf_counter() - t_loop  # steps and their inputs
         res["digest"] = [float(x).hex() for x in runner.digest()]
     except torch.cuda.OutOfMemoryError as e:
@@ -262,10 +274,10 @@ def run(workload: str, alloc: str, steps: int, warmup: int, seed: int, vramkit_c
 
 
 def main(argv: list[str]) -> int:
-    """``WORKLOAD ALLOC STEPS WARMUP SEED DETERMINISM VRAMKIT_CONF SNAPSHOT CHECK_EXPANDABLE(0/1)``"""
-    workload, alloc, steps, warmup, seed, det, conf, snap, check = (argv + [""] * 9)[:9]
+    """``WORKLOAD ALLOC STEPS WARMUP SEED DETERMINISM VRAMKIT_CONF SNAPSHOT CHECK_EXPANDABLE(0/1) CPUS``"""
+    workload, alloc, steps, warmup, seed, det, conf, snap, check, cpus = (argv + [""] * 10)[:10]
     try:
-        res = run(workload, alloc, int(steps), int(warmup), int(seed), conf, det, snap, check == "1")
+        res = run(workload, alloc, int(steps), int(warmup), int(seed), conf, det, snap, check == "1", cpus)
     except BaseException as e:  # noqa: BLE001 - report every failure to the parent, then fail
         traceback.print_exc()
         msg = str(e).strip().splitlines()

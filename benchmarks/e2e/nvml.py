@@ -43,6 +43,14 @@ class NvmlSampler:
     def used(self) -> int:
         return int(self._nvml.nvmlDeviceGetMemoryInfo(self._h).used)
 
+    def pci_bus_id(self) -> str | None:
+        """The GPU's PCI address ('00000000:19:00.0'), for the CPUs attached to it."""
+        try:
+            bus = self._nvml.nvmlDeviceGetPciInfo(self._h).busId
+        except self._nvml.NVMLError:
+            return None
+        return bus.decode() if isinstance(bus, bytes) else str(bus)
+
     def sm_clock(self) -> int | None:
         try:
             return int(self._nvml.nvmlDeviceGetClockInfo(self._h, self._nvml.NVML_CLOCK_SM))

@@ -10,7 +10,7 @@ BENCH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "be
 SCRIPT = os.path.join(BENCH, "gpu_end_to_end.py")
 sys.path.insert(0, BENCH)
 
-from e2e import report  # noqa: E402
+from e2e import cpus, report  # noqa: E402
 from e2e.child import parse_vramkit_conf, variant_options  # noqa: E402
 from e2e.workloads import WORKLOADS  # noqa: E402
 
@@ -44,6 +44,8 @@ def test_help_and_dry_run_need_no_torch():
     (["--vramkit-conf", "a:1", "--allocators", "default"], "no vramkit allocator"),
     (["--allocators", "vramkit@"], "unknown allocator 'vramkit@'"),
     (["--allocators", "vramkit@remap_budget"], "allocator 'vramkit@remap_budget'"),
+    (["--cpus", "3-1"], "the range runs backwards"),
+    (["--cpus", "two"], "not a CPU list"),
 ])
 def test_bad_arguments_fail_with_one_line(args, message):
     p = suite(*args, "--dry-run")
@@ -94,6 +96,51 @@ def test_failing_children_are_reported_and_the_suite_goes_on(tmp_path):
     assert all("error" in r and r["rc"] not in (0, None) for r in doc["runs"])
     assert p.stdout.count("FAILED") == 4
     assert "| gpt2 | default | 0 (1 failed) |" in p.stdout
+
+
+def _fake_sysfs(root, siblings):
+    """A sysfs with one GPU at 0000:19:00.0 on CPUs 0-7 and the given sibling lists."""
+    dev = root / "bus" / "pci" / "devices" / "0000:19:00.0"
+    dev.mkdir(parents=True)
+    (dev / "local_cpulist").write_text("0-7\n")
+    for cpu, sib in siblings.items():
+        top = root / "devices" / "system" / "cpu" / f"cpu{cpu}" / "topology"
+        top.mkdir(parents=True)
+        top.joinpath("thread_siblings_list").write_text(sib + "\n")
+    return str(root)
+
+
+def test_cpu_lists_parse_and_print():
+    assert cpus.parse_cpu_list("0-3,8, 10-11") == [0, 1, 2, 3, 8, 10, 11]
+    assert cpus.format_cpu_list([5, 0, 1, 2, 10, 11]) == "0-2,5,10-11"
+    for bad in ("", "a", "3-", "-3", "4-2", ","):
+        with pytest.raises(ValueError):
+            cpus.parse_cpu_list(bad)
+
+
+def test_runs_are_placed_on_the_gpus_cpus_away_from_the_parents_core(tmp_path):
+    sysfs = _fake_sysfs(tmp_path, {0: "0,4"})
+    # NVML's bus id has an 8-digit domain; sysfs a 4-digit one.
+    local = cpus.gpu_local_cpus("00000000:19:00.0", sysfs)
+    assert local == list(range(8))
+    plan = cpus.plan_cpus("auto", list(range(16)), local, sysfs)
+    assert plan["parent"] == [0, 4] and plan["runs"] == [1, 2, 3, 5, 6, 7]
+    # Unknown GPU placement: every allowed CPU, still one core left to the parent.
+    plan = cpus.plan_cpus("auto", [0, 1, 2, 3], None, sysfs)
+    assert plan["parent"] == [0] and plan["runs"] == [1, 2, 3]
+    assert cpus.plan_cpus("auto", [0, 1], None, sysfs)["runs"] is None  # too few CPUs: not pinned
+    assert cpus.plan_cpus("all", list(range(16)), local, sysfs) == {
+        "parent": None, "runs": None, "note": "runs not pinned (--cpus all)"}
+    plan = cpus.plan_cpus("2-3", [0, 1, 2, 3], local, sysfs)
+    assert plan["runs"] == [2, 3] and plan["parent"] == [0, 1]
+    with pytest.raises(ValueError, match="CPU 9 is not one"):
+        cpus.plan_cpus("8-9", list(range(9)), local, sysfs)
+    assert cpus.gpu_local_cpus("00000000:3b:00.0", sysfs) is None
+    assert cpus.current_cpu() in os.sched_getaffinity(0)
+    h0 = cpus.host_clocks()
+    sum(i * i for i in range(200_000))
+    h1 = cpus.host_clocks()
+    assert h1["thread_cpu_ms"] > h0["thread_cpu_ms"] and h1["cpu_ms"] > h0["cpu_ms"]
 
 
 def _run(w, a, warm, reserved, nvml, values=((1.0,),), rep=0):
