@@ -1,12 +1,13 @@
 // Block-wise quantization kernels: encode (absmax per block, then one code per element),
 // decode, and the double quantization of the absmax values. See vramkit/quant.h.
 //
-// Work layout: a thread block of 256 threads takes 4096 elements at a time (a tile; 8192 when
-// vk_quant_set_launch says so); each thread holds 2 or 4 (at 8192: 4 or 8) 16-byte vectors of
-// the input (rows; V = 4 fp32 or 8 fp16/bf16 elements each), so every load instruction of a warp
-// reads 512 contiguous bytes. A quantization block of B elements is B/V consecutive vectors:
-// within one warp up to 32 x rows vectors (B = 512 at the default tile; its absmax from warp
-// shuffles and a max over the thread's rows), across warps above that (one shared-memory step).
+// Work layout: a thread block takes 4096 elements at a time (a tile; 8192 when
+// vk_quant_set_launch says so): 128 threads in the encoders of the formats without a table, 512
+// in those of the table formats, 256 in the decoders. Each thread holds rows of 16-byte vectors
+// of the values (V = 4 fp32 or 8 fp16/bf16 elements each; rows = tile / (threads x V)), so every
+// load instruction of a warp reads 512 contiguous bytes. A quantization block of B elements is
+// B/V consecutive vectors: within one warp up to 32 x rows vectors (its absmax from warp shuffles
+// and a max over the thread's rows), across warps above that (one shared-memory step).
 // By default the grid is persistent (a few blocks per multiprocessor loop over the tiles), so the
 // shared-memory tables of the table formats are built once per thread block. All arithmetic is exact or correctly
 // rounded fp32 with no contraction (built with -fmad=false), so results are the same on every
@@ -25,11 +26,50 @@
 namespace vramkit::quant {
 namespace {
 
-constexpr int kThreads = 256;
-constexpr int kTile = 4096;
+// Launch shapes (threads per block, elements per tile) and cache hints, chosen from the H200's
+// figures (docs/BENCHMARKS.md section 9, "Launch shapes from a traffic sweep"); the -D overrides
+// build the other shapes measured there.
+#ifndef VK_QUANT_ENC_THREADS_PLAIN
+#define VK_QUANT_ENC_THREADS_PLAIN 128  // encoders of the formats without a table
+#endif
+#ifndef VK_QUANT_ENC_THREADS_TABLE
+#define VK_QUANT_ENC_THREADS_TABLE 512  // table formats at their default block size
+#endif
+#ifndef VK_QUANT_ENC_THREADS_TABLE_OTHER
+#define VK_QUANT_ENC_THREADS_TABLE_OTHER 128  // table formats at other block sizes
+#endif
+#ifndef VK_QUANT_DEC_THREADS
+#define VK_QUANT_DEC_THREADS 256
+#endif
+#ifndef VK_QUANT_DEC_TILE
+#define VK_QUANT_DEC_TILE 4096
+#endif
+#ifndef VK_QUANT_ENC_LDCS
+#define VK_QUANT_ENC_LDCS 0
+#endif
+#ifndef VK_QUANT_DEC_STCS
+#define VK_QUANT_DEC_STCS 0
+#endif
+#ifndef VK_QUANT_ENC_TILES_16BIT
+#define VK_QUANT_ENC_TILES_16BIT 1
+#endif
+constexpr int kThreads = 256;  // the scale compression
+constexpr int kDecThreads = VK_QUANT_DEC_THREADS;
+constexpr int kTile = 4096;                // encoder tile, elements (blocks of up to 4096 fit in one)
+constexpr int kDecTile = VK_QUANT_DEC_TILE;  // decoder tile asked for, elements (see dec_tile)
 
 __host__ __device__ constexpr bool is_table(int f) { return f == VK_QUANT_INT8_DYNAMIC || f == VK_QUANT_NF4 || f == VK_QUANT_FP4; }
 __host__ __device__ constexpr bool is_4bit(int f) { return f == VK_QUANT_NF4 || f == VK_QUANT_FP4; }
+// Encoder threads per block (LB: the kernel is made for one block size, 0 when not): 128 for the
+// formats without a table (smaller thread blocks with plain loads, a block per tile: 96-104 % of
+// copy bandwidth against 86-94 % at 256 threads with streaming loads and 16-bit inputs on a
+// persistent grid); for the table formats, whose thread blocks build shared tables and loop over
+// tiles, 512 at the default block size and 128 at the others (blocks of 1024 and 4096 span every
+// warp of a thread block, and 512 threads wait longer at each barrier: NF4 at 4096, 62 % of copy
+// bandwidth against 77 %).
+template <int F, int LB> constexpr int enc_threads = !is_table(F) ? VK_QUANT_ENC_THREADS_PLAIN
+                                                   : LB != 0  ? VK_QUANT_ENC_THREADS_TABLE
+                                                              : VK_QUANT_ENC_THREADS_TABLE_OTHER;
 __host__ __device__ constexpr float qmax(int f) {
   return f == VK_QUANT_INT8 ? 127.0f : f == VK_QUANT_FP8_E4M3 ? 448.0f : f == VK_QUANT_FP8_E5M2 ? 57344.0f
                                     : f == VK_QUANT_FP4  ? 6.0f : 1.0f;
@@ -162,11 +202,11 @@ __device__ __forceinline__ void unpack_vec(const uint4& raw, float* v) {
 // One tile held in registers (v: row r of lane l is vector w*32R + 32r + l of the tile): the
 // absmax of each quantization block, then the codes. FULL: every element of the tile is below n
 // (no bounds checks, vector stores); VEC: codes is 8-byte aligned (vector stores allowed).
-template <int F, typename T, bool VEC, int TILE, bool DIRECT, bool FULL>
-__device__ __forceinline__ void encode_tile(float (&v)[TILE / (kThreads * elem<T>::V)][elem<T>::V], int64_t base,
+template <int F, typename T, bool VEC, int TILE, bool DIRECT, bool FULL, int NT>
+__device__ __forceinline__ void encode_tile(float (&v)[TILE / (NT * elem<T>::V)][elem<T>::V], int64_t base,
                                             int64_t n, int log2b, const shared_tables<F, DIRECT>& tables, float* part,
                                             uint8_t* __restrict__ codes, float* __restrict__ absmax) {
-  constexpr int V = elem<T>::V, R = TILE / (kThreads * V), LOG2V = V == 4 ? 2 : 3;
+  constexpr int V = elem<T>::V, R = TILE / (NT * V), LOG2V = V == 4 ? 2 : 3;
   constexpr table_spec spec = spec_of(F);
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int log2g = log2b - LOG2V, G = 1 << log2g;  // vectors per block
@@ -286,14 +326,15 @@ __device__ __forceinline__ int64_t take_turns(Set (&sets)[2], int64_t tile, int6
 // encodes the current one.
 // LB: log2 of the block size when the kernel is made for one (the loops over a block's lanes, rows
 // and warps then have constant bounds), 0 when it takes log2b as it comes.
-template <int F, typename T, bool VEC, int TILE, bool DIRECT, int LB = 0>
-__global__ void __launch_bounds__(kThreads) encode_kernel(const T* __restrict__ x, int64_t n, int log2b_arg,
+template <int F, typename T, bool VEC, int TILE, bool DIRECT, int LB = 0, int NT = enc_threads<F, LB>>
+__global__ void __launch_bounds__(NT) encode_kernel(const T* __restrict__ x, int64_t n, int log2b_arg,
                                                           uint8_t* __restrict__ codes, float* __restrict__ absmax) {
   const int log2b = LB != 0 ? LB : log2b_arg;
   static_assert(!DIRECT || is_4bit(F), "direct tables are for the 4-bit formats");
-  constexpr int V = elem<T>::V, R = TILE / (kThreads * V);
+  constexpr int V = elem<T>::V, R = TILE / (NT * V);
+  static_assert(R >= 1, "a tile holds at least one vector per thread");
   __shared__ shared_tables<F, DIRECT> tables;
-  __shared__ float part[kThreads / 32];  // one absmax per warp, for blocks that span warps
+  __shared__ float part[NT / 32];  // one absmax per warp, for blocks that span warps
   build_tables<F>(tables);
 
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
@@ -307,14 +348,17 @@ __global__ void __launch_bounds__(kThreads) encode_kernel(const T* __restrict__ 
   int64_t tile = blockIdx.x;
   auto load = [&](uint4 (&dst)[R], int64_t t) {
 #pragma unroll
-    for (int r = 0; r < R; ++r) dst[r] = __ldcs(reinterpret_cast<const uint4*>(x + t * TILE + offset(r)));
+    for (int r = 0; r < R; ++r) {
+      const uint4* p = reinterpret_cast<const uint4*>(x + t * TILE + offset(r));
+      dst[r] = VK_QUANT_ENC_LDCS ? __ldcs(p) : *p;
+    }
   };
   auto encode_whole = [&](const uint4 (&src)[R], uint4 (&ahead)[R], int64_t t) {
     float v[R][V];
 #pragma unroll
     for (int r = 0; r < R; ++r) unpack_vec<T>(src[r], v[r]);
     if (t + gridDim.x < full) load(ahead, t + gridDim.x);
-    encode_tile<F, T, VEC, TILE, DIRECT, true>(v, t * TILE, n, log2b, tables, part, codes, absmax);
+    encode_tile<F, T, VEC, TILE, DIRECT, true, NT>(v, t * TILE, n, log2b, tables, part, codes, absmax);
   };
   if (tile < full) load(raw[0], tile);
   tile = take_turns(raw, tile, full, encode_whole);
@@ -322,7 +366,7 @@ __global__ void __launch_bounds__(kThreads) encode_kernel(const T* __restrict__ 
     float v[R][V];
 #pragma unroll
     for (int r = 0; r < R; ++r) load_vec<T, VEC>(x, tile * TILE + offset(r), n, v[r]);
-    encode_tile<F, T, VEC, TILE, DIRECT, false>(v, tile * TILE, n, log2b, tables, part, codes, absmax);
+    encode_tile<F, T, VEC, TILE, DIRECT, false, NT>(v, tile * TILE, n, log2b, tables, part, codes, absmax);
   }
 }
 
@@ -348,16 +392,16 @@ template <int R> struct decode_loads {
   uint32_t q[R];
 };
 
-template <int F, typename T, bool VEC, int TILE>
-__device__ __forceinline__ void decode_load(decode_loads<TILE / (kThreads * elem<T>::V)>& L, const uint8_t* __restrict__ codes,
+template <int F, typename T, bool VEC, int TILE, int NT>
+__device__ __forceinline__ void decode_load(decode_loads<TILE / (NT * elem<T>::V)>& L, const uint8_t* __restrict__ codes,
                                             const float* __restrict__ absmax, const uint8_t* __restrict__ q8,
                                             const float* __restrict__ params, int64_t base, int64_t n, int log2b) {
-  constexpr int V = elem<T>::V, R = TILE / (kThreads * V);
+  constexpr int V = elem<T>::V, R = TILE / (NT * V);
   constexpr int CB = is_4bit(F) ? V / 2 : V;  // code bytes per vector
   const int tid = threadIdx.x;
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    const int64_t e = base + static_cast<int64_t>(r * kThreads + tid) * V;
+    const int64_t e = base + static_cast<int64_t>(r * NT + tid) * V;
     L.cw[r][0] = L.cw[r][1] = 0;
     L.a[r] = L.p0[r] = L.p1[r] = 0.0f;
     L.q[r] = 0;
@@ -388,11 +432,12 @@ __device__ __forceinline__ void decode_load(decode_loads<TILE / (kThreads * elem
 
 // VEC: out is 16-byte aligned and codes 8-byte aligned. A thread block that loops over tiles
 // (persistent grid) has the next tile's loads in flight while it decodes the current one.
-template <int F, typename T, bool VEC, int TILE>
-__global__ void __launch_bounds__(kThreads) decode_kernel(const uint8_t* __restrict__ codes, const float* __restrict__ absmax,
+template <int F, typename T, bool VEC, int TILE, int NT = kDecThreads>
+__global__ void __launch_bounds__(NT) decode_kernel(const uint8_t* __restrict__ codes, const float* __restrict__ absmax,
                                                           const uint8_t* __restrict__ q8, const float* __restrict__ params,
                                                           int64_t n, int log2b, T* __restrict__ out) {
-  constexpr int V = elem<T>::V, R = TILE / (kThreads * V);
+  constexpr int V = elem<T>::V, R = TILE / (NT * V);
+  static_assert(R >= 1 && R * NT * V == TILE, "a tile is a whole number of vectors per thread");
   __shared__ float lut[F == VK_QUANT_INT8_DYNAMIC ? 256 : 16];
   if constexpr (is_table(F)) {
     for (int k = threadIdx.x; k < (F == VK_QUANT_INT8_DYNAMIC ? 256 : 16); k += blockDim.x) lut[k] = decode_value(F, k);
@@ -406,11 +451,11 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const uint8_t* __restr
   decode_loads<R> buf[2];
   auto decode_one = [&](const decode_loads<R>& L, decode_loads<R>& ahead, int64_t t) {
     if (t + gridDim.x < ntiles)
-      decode_load<F, T, VEC, TILE>(ahead, codes, absmax, q8, params, (t + gridDim.x) * TILE, n, log2b);
+      decode_load<F, T, VEC, TILE, NT>(ahead, codes, absmax, q8, params, (t + gridDim.x) * TILE, n, log2b);
     const int64_t base = t * TILE;
 #pragma unroll
     for (int r = 0; r < R; ++r) {
-      const int64_t e = base + static_cast<int64_t>(r * kThreads + tid) * V;
+      const int64_t e = base + static_cast<int64_t>(r * NT + tid) * V;
       if (e >= n) continue;
       const float a = dq ? __fadd_rn(L.p0[r], __fmul_rn(static_cast<float>(L.q[r]), L.p1[r])) : L.a[r];
       const float s = __fdiv_rn(a, qmax(F));
@@ -435,14 +480,16 @@ __global__ void __launch_bounds__(kThreads) decode_kernel(const uint8_t* __restr
 #pragma unroll
           for (int j = 0; j < 4; ++j) w[j] = float_to_bits<T>(o[2 * j]) | (float_to_bits<T>(o[2 * j + 1]) << 16);
         }
-        *reinterpret_cast<uint4*>(out + e) = make_uint4(w[0], w[1], w[2], w[3]);
+        uint4* dst = reinterpret_cast<uint4*>(out + e);
+        if constexpr (VK_QUANT_DEC_STCS) __stcs(dst, make_uint4(w[0], w[1], w[2], w[3]));
+        else *dst = make_uint4(w[0], w[1], w[2], w[3]);
       } else {
         for (int j = 0; j < V; ++j)
           if (e + j < n) store_one<T>(out + e + j, o[j]);
       }
     }
   };
-  if (tile < ntiles) decode_load<F, T, VEC, TILE>(buf[0], codes, absmax, q8, params, tile * TILE, n, log2b);
+  if (tile < ntiles) decode_load<F, T, VEC, TILE, NT>(buf[0], codes, absmax, q8, params, tile * TILE, n, log2b);
   take_turns(buf, tile, ntiles, decode_one);
 }
 
@@ -501,23 +548,33 @@ template <int B> __device__ __forceinline__ typename word_of<B>::type spread(uin
   else if constexpr (B == 8) return make_uint2(x, x + 1);
   else return static_cast<typename word_of<B>::type>(x);
 }
-template <int RB, int WB>
-__global__ void __launch_bounds__(kThreads) traffic_kernel(const void* __restrict__ src, int64_t vectors, void* __restrict__ dst) {
+// The probe's shape per pattern, the fastest of a sweep on the H200 (threads 128-512, 1-8 vectors
+// per thread, cache hints, grids): mostly reads, 512 threads of 2 vectors; mostly writes, 128
+// threads of 2 vectors with streaming stores; a copy, 256 threads of one.
+template <int RB, int WB> struct traffic_shape {
+  static constexpr int threads = RB == WB ? 256 : RB == 16 ? 512 : 128;
+  static constexpr int rows = RB == WB ? 1 : 2;
+  static constexpr bool stream_stores = RB < WB;
+};
+template <int RB, int WB, int NT = traffic_shape<RB, WB>::threads>
+__global__ void __launch_bounds__(NT) traffic_kernel(const void* __restrict__ src, int64_t vectors, void* __restrict__ dst) {
   using RW = typename word_of<RB>::type;
   using WW = typename word_of<WB>::type;
-  constexpr int R = 4;
-  const int64_t first = static_cast<int64_t>(blockIdx.x) * kThreads * R + threadIdx.x;
+  constexpr int R = traffic_shape<RB, WB>::rows;
+  const int64_t first = static_cast<int64_t>(blockIdx.x) * NT * R + threadIdx.x;
   uint32_t x[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    const int64_t i = first + r * kThreads;
+    const int64_t i = first + r * NT;
     x[r] = 0;
-    if (i < vectors) x[r] = fold<RB>(RB == 16 ? __ldcs(static_cast<const RW*>(src) + i) : static_cast<const RW*>(src)[i]);
+    if (i < vectors) x[r] = fold<RB>(static_cast<const RW*>(src)[i]);
   }
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    const int64_t i = first + r * kThreads;
-    if (i < vectors) static_cast<WW*>(dst)[i] = spread<WB>(x[r]);
+    const int64_t i = first + r * NT;
+    if (i >= vectors) continue;
+    if constexpr (traffic_shape<RB, WB>::stream_stores) __stcs(static_cast<WW*>(dst) + i, spread<WB>(x[r]));
+    else static_cast<WW*>(dst)[i] = spread<WB>(x[r]);
   }
 }
 
@@ -547,11 +604,11 @@ int sm_count(int device) {
 std::atomic<int> g_max_blocks{0};
 
 // Persistent grid: as many thread blocks as fit on the device at once, at most one per tile.
-template <auto Kernel>
+template <auto Kernel, int NT>
 unsigned grid_for(int64_t work_items, int device) {
   static const int per_sm = [] {
     int b = 0;
-    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, Kernel, kThreads, 0) == cudaSuccess && b > 0 ? b : 4;
+    return cudaOccupancyMaxActiveBlocksPerMultiprocessor(&b, Kernel, NT, 0) == cudaSuccess && b > 0 ? b : 4;
   }();
   int64_t g = static_cast<int64_t>(sm_count(device)) * per_sm;
   const int cap = g_max_blocks.load(std::memory_order_relaxed);
@@ -591,28 +648,28 @@ std::atomic<int> g_grid_mode{0};  // 0 auto (per kernel, below), 1 persistent, 2
 std::atomic<int> g_table{0};
 
 // The automatic grid, from the H200's figures (docs/BENCHMARKS.md section 9): a block per tile
-// for the decoders and the fp32 encoders of the formats without a table; persistent for the rest:
-// 16-bit inputs, where the next tile's loads in flight count most, and the table formats, whose
+// for the formats without a table, encoders and decoders; persistent for the table formats, whose
 // thread blocks build their tables once (a block per tile: NF4 decode 65 % of copy bandwidth
 // against 83 % persistent).
 template <int F, typename T>
 bool tiles_grid(bool encode) {
   const int mode = g_grid_mode.load(std::memory_order_relaxed);
   if (mode != 0) return mode == 2;
-  return !is_table(F) && (!encode || sizeof(T) == 4);
+  return !is_table(F) && (!encode || sizeof(T) == 4 || VK_QUANT_ENC_TILES_16BIT);
 }
 
-template <auto Kernel>
+template <auto Kernel, int NT>
 unsigned grid_of(int64_t tiles, int device, bool per_tile) {
   if (per_tile) return static_cast<unsigned>(tiles < INT32_MAX ? (tiles > 0 ? tiles : 1) : INT32_MAX);
-  return grid_for<Kernel>(tiles, device);
+  return grid_for<Kernel, NT>(tiles, device);
 }
 
 template <int F, typename T, bool VEC, int TILE, bool DIRECT = false, int LB = 0>
 int launch_encode(const T* x, int64_t n, int log2b, uint8_t* codes, float* absmax, int device, cudaStream_t st) {
-  constexpr auto kernel = encode_kernel<F, T, VEC, TILE, DIRECT, LB>;
-  kernel<<<grid_of<kernel>((n + TILE - 1) / TILE, device, tiles_grid<F, T>(true)), kThreads, 0, st>>>(x, n, log2b, codes,
-                                                                                                      absmax);
+  constexpr int NT = enc_threads<F, LB>;
+  constexpr auto kernel = encode_kernel<F, T, VEC, TILE, DIRECT, LB, NT>;
+  kernel<<<grid_of<kernel, NT>((n + TILE - 1) / TILE, device, tiles_grid<F, T>(true)), NT, 0, st>>>(
+      x, n, log2b, codes, absmax);
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? VK_QUANT_OK : cuda_fail(e, "vk_quant_encode: kernel launch");
 }
@@ -644,11 +701,15 @@ int encode_as(const void* x, int64_t n, int log2b, void* codes, float* absmax, i
               : launch_encode_default_tile<F, T>(xp, n, log2b, cp, absmax, device, st);
 }
 
-template <int F, typename T, bool VEC, int TILE>
+// The decoder's tile for T: the elements asked for, or one vector per thread when that is more.
+template <typename T, int ASKED> constexpr int dec_tile = ASKED > kDecThreads * elem<T>::V ? ASKED : kDecThreads * elem<T>::V;
+
+template <int F, typename T, bool VEC, int ASKED>
 int launch_decode(const uint8_t* codes, const float* absmax, const uint8_t* q8, const float* params, int64_t n,
                   int log2b, T* out, int device, cudaStream_t st) {
-  constexpr auto kernel = decode_kernel<F, T, VEC, TILE>;
-  kernel<<<grid_of<kernel>((n + TILE - 1) / TILE, device, tiles_grid<F, T>(false)), kThreads, 0, st>>>(
+  constexpr int TILE = dec_tile<T, ASKED>;
+  constexpr auto kernel = decode_kernel<F, T, VEC, TILE, kDecThreads>;
+  kernel<<<grid_of<kernel, kDecThreads>((n + TILE - 1) / TILE, device, tiles_grid<F, T>(false)), kDecThreads, 0, st>>>(
       codes, absmax, q8, params, n, log2b, out);
   const cudaError_t e = cudaGetLastError();
   return e == cudaSuccess ? VK_QUANT_OK : cuda_fail(e, "vk_quant_decode: kernel launch");
@@ -660,10 +721,10 @@ int decode_as(const void* codes, const float* absmax, const uint8_t* q8, const f
   const bool vec = aligned(out, 16) && aligned(codes, 8);
   auto* cp = static_cast<const uint8_t*>(codes);
   auto* op = static_cast<T*>(out);
-  if (!vec) return launch_decode<F, T, false, kTile>(cp, absmax, q8, params, n, log2b, op, device, st);
+  if (!vec) return launch_decode<F, T, false, kDecTile>(cp, absmax, q8, params, n, log2b, op, device, st);
   if (g_tile.load(std::memory_order_relaxed) == 2 * kTile)
-    return launch_decode<F, T, true, 2 * kTile>(cp, absmax, q8, params, n, log2b, op, device, st);
-  return launch_decode<F, T, true, kTile>(cp, absmax, q8, params, n, log2b, op, device, st);
+    return launch_decode<F, T, true, 2 * kDecTile>(cp, absmax, q8, params, n, log2b, op, device, st);
+  return launch_decode<F, T, true, kDecTile>(cp, absmax, q8, params, n, log2b, op, device, st);
 }
 
 template <template <int, typename> class Op, typename... A>
@@ -751,12 +812,16 @@ extern "C" int vk_quant_probe_traffic(const void* src, int read_bytes, void* dst
   if (!src || !dst) return fail(VK_QUANT_EINVAL, "vk_quant_probe_traffic: null pointer");
   if (!aligned(src, read_bytes) || !aligned(dst, write_bytes)) return fail(VK_QUANT_EINVAL, "vk_quant_probe_traffic: unaligned pointer");
   return on_device(device, [&] {
-    if (vectors > static_cast<int64_t>(INT32_MAX) * 4 * kThreads)
+    if (vectors > static_cast<int64_t>(INT32_MAX) * 256)  // at least 256 vectors a thread block
       return fail(VK_QUANT_EINVAL, "vk_quant_probe_traffic: too many vectors");
-    const unsigned grid = static_cast<unsigned>((vectors + 4 * kThreads - 1) / (4 * kThreads));
     auto st = static_cast<cudaStream_t>(stream);
-#define VKQ_TRAFFIC(R, W) \
-  if (read_bytes == R && write_bytes == W) traffic_kernel<R, W><<<grid, kThreads, 0, st>>>(src, vectors, dst);
+    auto launch = [&](auto kernel, int threads, int rows) {
+      const int64_t per_block = static_cast<int64_t>(threads) * rows;
+      kernel<<<static_cast<unsigned>((vectors + per_block - 1) / per_block), threads, 0, st>>>(src, vectors, dst);
+    };
+#define VKQ_TRAFFIC(R, W)                   \
+  if (read_bytes == R && write_bytes == W) \
+    launch(traffic_kernel<R, W>, traffic_shape<R, W>::threads, traffic_shape<R, W>::rows);
     VKQ_TRAFFIC(16, 16) VKQ_TRAFFIC(16, 8) VKQ_TRAFFIC(16, 4) VKQ_TRAFFIC(16, 2)
     VKQ_TRAFFIC(8, 16) VKQ_TRAFFIC(4, 16) VKQ_TRAFFIC(2, 16)
 #undef VKQ_TRAFFIC

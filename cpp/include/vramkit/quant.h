@@ -60,8 +60,9 @@ int vk_quant_set_launch(int tile, int grid_mode, int table);
 
 /* A kernel that moves bytes as the codecs do and computes nothing, for benchmarks: vector i reads
  * read_bytes at src + i * read_bytes and writes write_bytes at dst + i * write_bytes; one side
- * moves 16 bytes per vector, the other 2, 4, 8 or 16. Its bandwidth is what a codec with the same
- * reads and writes could reach at best. 0, VK_QUANT_EINVAL or VK_QUANT_ECUDA. */
+ * moves 16 bytes per vector, the other 2, 4, 8 or 16, in the fastest launch shape a sweep found
+ * for that pattern. Its bandwidth is a reference for a codec with the same reads and writes, not a
+ * bound (a codec's own shape may do better). 0, VK_QUANT_EINVAL or VK_QUANT_ECUDA. */
 int vk_quant_probe_traffic(const void* src, int read_bytes, void* dst, int write_bytes, int64_t vectors, int device,
                            void* stream);
 
