@@ -10,6 +10,7 @@ the same CPUs: those attached to the GPU (sysfs ``local_cpulist`` of its PCI dev
 from __future__ import annotations
 
 import os
+import time
 
 
 def parse_cpu_list(text: str) -> list[int]:
@@ -127,7 +128,6 @@ def host_clocks() -> dict:
     """Counters that say whether the host, not the GPU, slowed a step: this process's CPU time
     (all threads, user + system) and its calling thread's, the time its main thread waited for a CPU (/proc/self/schedstat) and the
     machine's steal time (/proc/stat: time the hypervisor ran something else on our vCPUs), in ms."""
-    import time
     out = {"cpu_ms": time.process_time() * 1e3, "thread_cpu_ms": time.thread_time() * 1e3}
     text = _read("/proc/self/schedstat")
     if text:
