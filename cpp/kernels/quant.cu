@@ -1,15 +1,17 @@
 // Block-wise quantization kernels: encode (absmax per block, then one code per element),
 // decode, and the double quantization of the absmax values. See vramkit/quant.h.
 //
-// Work layout: a thread block takes 4096 elements at a time (a tile; 8192 when
-// vk_quant_set_launch says so): 128 threads in the encoders of the formats without a table, 512
-// in those of the table formats, 256 in the decoders. Each thread holds rows of 16-byte vectors
-// of the values (V = 4 fp32 or 8 fp16/bf16 elements each; rows = tile / (threads x V)), so every
-// load instruction of a warp reads 512 contiguous bytes. A quantization block of B elements is
+// Work layout: an encoder's thread block takes 4096 elements at a time (a tile; 8192 when
+// vk_quant_set_launch says so), with 128 threads for the formats without a table and 512 for
+// those of the table formats; a decoder's takes 4 vectors a thread (8 with 8192-element tiles)
+// with 128 threads. Each thread holds rows of 16-byte vectors of the values (V = 4 fp32 or 8
+// fp16/bf16 elements each; rows = tile / (threads x V)), so every load or store instruction of a
+// warp moves 512 contiguous bytes. A quantization block of B elements is
 // B/V consecutive vectors: within one warp up to 32 x rows vectors (its absmax from warp shuffles
 // and a max over the thread's rows), across warps above that (one shared-memory step).
-// By default the grid is persistent (a few blocks per multiprocessor loop over the tiles), so the
-// shared-memory tables of the table formats are built once per thread block. All arithmetic is exact or correctly
+// The table formats' encoders run a persistent grid (a few blocks per multiprocessor loop over
+// the tiles), so that each thread block builds its shared-memory tables once; the other encoders
+// and every decoder run a block per tile (a decoder copies its value table, made at compile time). All arithmetic is exact or correctly
 // rounded fp32 with no contraction (built with -fmad=false), so results are the same on every
 // run, for every launch shape, and equal to the NumPy reference.
 #include <cuda_bf16.h>
@@ -39,16 +41,16 @@ namespace {
 #define VK_QUANT_ENC_THREADS_TABLE_OTHER 128  // table formats at other block sizes
 #endif
 #ifndef VK_QUANT_DEC_THREADS
-#define VK_QUANT_DEC_THREADS 256
+#define VK_QUANT_DEC_THREADS 128
 #endif
-#ifndef VK_QUANT_DEC_TILE
-#define VK_QUANT_DEC_TILE 4096
+#ifndef VK_QUANT_DEC_ROWS
+#define VK_QUANT_DEC_ROWS 4  // 16-byte vectors of values per decoder thread and tile
 #endif
 #ifndef VK_QUANT_ENC_LDCS
 #define VK_QUANT_ENC_LDCS 0
 #endif
 #ifndef VK_QUANT_DEC_STCS
-#define VK_QUANT_DEC_STCS 0
+#define VK_QUANT_DEC_STCS 1
 #endif
 #ifndef VK_QUANT_ENC_TILES_16BIT
 #define VK_QUANT_ENC_TILES_16BIT 1
@@ -56,7 +58,7 @@ namespace {
 constexpr int kThreads = 256;  // the scale compression
 constexpr int kDecThreads = VK_QUANT_DEC_THREADS;
 constexpr int kTile = 4096;                // encoder tile, elements (blocks of up to 4096 fit in one)
-constexpr int kDecTile = VK_QUANT_DEC_TILE;  // decoder tile asked for, elements (see dec_tile)
+constexpr int kDecRows = VK_QUANT_DEC_ROWS;
 
 __host__ __device__ constexpr bool is_table(int f) { return f == VK_QUANT_INT8_DYNAMIC || f == VK_QUANT_NF4 || f == VK_QUANT_FP4; }
 __host__ __device__ constexpr bool is_4bit(int f) { return f == VK_QUANT_NF4 || f == VK_QUANT_FP4; }
@@ -392,46 +394,144 @@ template <int R> struct decode_loads {
   uint32_t q[R];
 };
 
-template <int F, typename T, bool VEC, int TILE, int NT>
+// One vector's code bytes (CB of them, CB = 2, 4 or 8) from an aligned address.
+template <int CB>
+__device__ __forceinline__ void load_code_words(const uint8_t* src, uint32_t (&cw)[2]) {
+  if constexpr (CB == 2) cw[0] = __ldcs(reinterpret_cast<const unsigned short*>(src));
+  else if constexpr (CB == 4) cw[0] = __ldcs(reinterpret_cast<const unsigned int*>(src));
+  else {
+    const uint2 t = __ldcs(reinterpret_cast<const uint2*>(src));
+    cw[0] = t.x;
+    cw[1] = t.y;
+  }
+}
+
+// The raw scale of quantization block blk, into row r of L.
+template <int R>
+__device__ __forceinline__ void load_scale(decode_loads<R>& L, int r, const float* __restrict__ absmax,
+                                           const uint8_t* __restrict__ q8, const float* __restrict__ params,
+                                           int64_t blk) {
+  if (absmax) {
+    L.a[r] = __ldg(absmax + blk);
+  } else {
+    L.q[r] = __ldg(q8 + blk);
+    L.p0[r] = __ldg(params + 2 * (blk >> 8));
+    L.p1[r] = __ldg(params + 2 * (blk >> 8) + 1);
+  }
+}
+
+// WHOLE: every element of the tile is below n and the buffers are aligned (VEC): a row's offsets
+// are the thread's plus a constant, in 32 bits, and nothing is checked.
+template <int F, typename T, bool VEC, int TILE, int NT, bool WHOLE>
 __device__ __forceinline__ void decode_load(decode_loads<TILE / (NT * elem<T>::V)>& L, const uint8_t* __restrict__ codes,
                                             const float* __restrict__ absmax, const uint8_t* __restrict__ q8,
                                             const float* __restrict__ params, int64_t base, int64_t n, int log2b) {
   constexpr int V = elem<T>::V, R = TILE / (NT * V);
   constexpr int CB = is_4bit(F) ? V / 2 : V;  // code bytes per vector
   const int tid = threadIdx.x;
+  if constexpr (WHOLE) {
+    const uint8_t* src = codes + (is_4bit(F) ? base >> 1 : base) + tid * CB;
+    const int64_t blk0 = base >> log2b;
+    const int rem = static_cast<int>(base & ((int64_t{1} << log2b) - 1));  // a tile may start inside a block
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    const int64_t e = base + static_cast<int64_t>(r * NT + tid) * V;
-    L.cw[r][0] = L.cw[r][1] = 0;
-    L.a[r] = L.p0[r] = L.p1[r] = 0.0f;
-    L.q[r] = 0;
-    if (e >= n) continue;
-    const uint8_t* src = codes + (is_4bit(F) ? e >> 1 : e);
-    if (VEC && e + V <= n) {
-      if constexpr (CB == 2) L.cw[r][0] = __ldcs(reinterpret_cast<const unsigned short*>(src));
-      else if constexpr (CB == 4) L.cw[r][0] = __ldcs(reinterpret_cast<const unsigned int*>(src));
-      else {
-        const uint2 t = __ldcs(reinterpret_cast<const uint2*>(src));
-        L.cw[r][0] = t.x;
-        L.cw[r][1] = t.y;
-      }
-    } else {
-      for (int j = 0; j < CB; ++j)
-        if ((is_4bit(F) ? e + 2 * j : e + j) < n) L.cw[r][j >> 2] |= static_cast<uint32_t>(src[j]) << (8 * (j & 3));
+    for (int r = 0; r < R; ++r) {
+      L.cw[r][1] = 0;
+      load_code_words<CB>(src + r * NT * CB, L.cw[r]);
     }
-    const int64_t blk = e >> log2b;
+    // The scales: one branch for the tile, not one predicated pair per row.
     if (absmax) {
-      L.a[r] = __ldg(absmax + blk);
+#pragma unroll
+      for (int r = 0; r < R; ++r) L.a[r] = __ldg(absmax + blk0 + ((rem + (r * NT + tid) * V) >> log2b));
     } else {
-      L.q[r] = __ldg(q8 + blk);
-      L.p0[r] = __ldg(params + 2 * (blk >> 8));
-      L.p1[r] = __ldg(params + 2 * (blk >> 8) + 1);
+#pragma unroll
+      for (int r = 0; r < R; ++r) load_scale(L, r, nullptr, q8, params, blk0 + ((rem + (r * NT + tid) * V) >> log2b));
+    }
+  } else {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const int64_t e = base + static_cast<int64_t>(r * NT + tid) * V;
+      L.cw[r][0] = L.cw[r][1] = 0;
+      L.a[r] = L.p0[r] = L.p1[r] = 0.0f;
+      L.q[r] = 0;
+      if (e >= n) continue;
+      const uint8_t* src = codes + (is_4bit(F) ? e >> 1 : e);
+      if (VEC && e + V <= n) {
+        load_code_words<CB>(src, L.cw[r]);
+      } else {
+        for (int j = 0; j < CB; ++j)
+          if ((is_4bit(F) ? e + 2 * j : e + j) < n) L.cw[r][j >> 2] |= static_cast<uint32_t>(src[j]) << (8 * (j & 3));
+      }
+      load_scale(L, r, absmax, q8, params, e >> log2b);
     }
   }
 }
 
-// VEC: out is 16-byte aligned and codes 8-byte aligned. A thread block that loops over tiles
-// (persistent grid) has the next tile's loads in flight while it decodes the current one.
+// One tile's values from its loads (WHOLE as in decode_load). The scale is the absmax (or the
+// double-quantized one) over the format's largest code value; over 1 it is the absmax itself.
+template <int F, typename T, bool VEC, int TILE, int NT, bool WHOLE>
+__device__ __forceinline__ void decode_rows(const decode_loads<TILE / (NT * elem<T>::V)>& L, const float* lut, bool dq,
+                                            int64_t base, int64_t n, T* __restrict__ out) {
+  constexpr int V = elem<T>::V, R = TILE / (NT * V);
+  const int tid = threadIdx.x;
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int64_t e = base + static_cast<int64_t>(r * NT + tid) * V;
+    if (!WHOLE && e >= n) continue;
+    const float a = dq ? __fadd_rn(L.p0[r], __fmul_rn(static_cast<float>(L.q[r]), L.p1[r])) : L.a[r];
+    float s;
+    if constexpr (qmax(F) == 1.0f) s = a;  // a / 1 is a
+    else s = __fdiv_rn(a, qmax(F));
+    float o[V];
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      uint32_t c;
+      if constexpr (is_4bit(F)) {
+        const uint32_t byte = (L.cw[r][(j >> 1) >> 2] >> (8 * ((j >> 1) & 3))) & 0xffu;
+        c = (j & 1) ? byte & 0xfu : byte >> 4;
+      } else {
+        c = (L.cw[r][j >> 2] >> (8 * (j & 3))) & 0xffu;
+      }
+      o[j] = __fmul_rn(dec_value<F>(c, lut), s);
+    }
+    if (WHOLE || (VEC && e + V <= n)) {
+      uint32_t w[4];
+      if constexpr (V == 4) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) w[j] = float_to_bits<T>(o[j]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) w[j] = float_to_bits<T>(o[2 * j]) | (float_to_bits<T>(o[2 * j + 1]) << 16);
+      }
+      uint4* dst = WHOLE ? reinterpret_cast<uint4*>(out + base + tid * V + r * NT * V) : reinterpret_cast<uint4*>(out + e);
+      if constexpr (VK_QUANT_DEC_STCS) __stcs(dst, make_uint4(w[0], w[1], w[2], w[3]));
+      else *dst = make_uint4(w[0], w[1], w[2], w[3]);
+    } else {
+      for (int j = 0; j < V; ++j)
+        if (e + j < n) store_one<T>(out + e + j, o[j]);
+    }
+  }
+}
+
+// VEC: out is 16-byte aligned and codes 8-byte aligned (whole tiles then take the fast path). A
+// thread block that loops over tiles (persistent grid) has the next tile's loads in flight while
+// it decodes the current one.
+// The decoded value of each code (scale 1), computed at compile time by decode_value: a thread
+// block copies its format's table into shared memory instead of computing it.
+struct value_table {
+  float v[256];
+};
+template <int F> constexpr value_table make_value_table() {
+  value_table t{};
+  for (int k = 0; k < (F == VK_QUANT_INT8_DYNAMIC ? 256 : 16); ++k) t.v[k] = decode_value(F, static_cast<uint32_t>(k));
+  return t;
+}
+__device__ const value_table kDynamicValues = make_value_table<VK_QUANT_INT8_DYNAMIC>();
+__device__ const value_table kNf4Values = make_value_table<VK_QUANT_NF4>();
+__device__ const value_table kFp4Values = make_value_table<VK_QUANT_FP4>();
+template <int F> __device__ __forceinline__ const float* value_table_of() {
+  return F == VK_QUANT_INT8_DYNAMIC ? kDynamicValues.v : F == VK_QUANT_NF4 ? kNf4Values.v : kFp4Values.v;
+}
+
 template <int F, typename T, bool VEC, int TILE, int NT = kDecThreads>
 __global__ void __launch_bounds__(NT) decode_kernel(const uint8_t* __restrict__ codes, const float* __restrict__ absmax,
                                                           const uint8_t* __restrict__ q8, const float* __restrict__ params,
@@ -440,56 +540,25 @@ __global__ void __launch_bounds__(NT) decode_kernel(const uint8_t* __restrict__ 
   static_assert(R >= 1 && R * NT * V == TILE, "a tile is a whole number of vectors per thread");
   __shared__ float lut[F == VK_QUANT_INT8_DYNAMIC ? 256 : 16];
   if constexpr (is_table(F)) {
-    for (int k = threadIdx.x; k < (F == VK_QUANT_INT8_DYNAMIC ? 256 : 16); k += blockDim.x) lut[k] = decode_value(F, k);
+    for (int k = threadIdx.x; k < (F == VK_QUANT_INT8_DYNAMIC ? 256 : 16); k += blockDim.x) lut[k] = value_table_of<F>()[k];
     __syncthreads();
   }
-  const int tid = threadIdx.x;
   const bool dq = absmax == nullptr;
   const int64_t ntiles = (n + TILE - 1) / TILE;
+  const int64_t whole = VEC ? n / TILE : 0;  // tiles with every element below n
   int64_t tile = blockIdx.x;
+  auto load = [&](decode_loads<R>& L, int64_t t) {
+    if (t < whole) decode_load<F, T, VEC, TILE, NT, true>(L, codes, absmax, q8, params, t * TILE, n, log2b);
+    else decode_load<F, T, VEC, TILE, NT, false>(L, codes, absmax, q8, params, t * TILE, n, log2b);
+  };
   // Two sets of loads take turns (one decoded while the other's are in flight): no copies.
   decode_loads<R> buf[2];
   auto decode_one = [&](const decode_loads<R>& L, decode_loads<R>& ahead, int64_t t) {
-    if (t + gridDim.x < ntiles)
-      decode_load<F, T, VEC, TILE, NT>(ahead, codes, absmax, q8, params, (t + gridDim.x) * TILE, n, log2b);
-    const int64_t base = t * TILE;
-#pragma unroll
-    for (int r = 0; r < R; ++r) {
-      const int64_t e = base + static_cast<int64_t>(r * NT + tid) * V;
-      if (e >= n) continue;
-      const float a = dq ? __fadd_rn(L.p0[r], __fmul_rn(static_cast<float>(L.q[r]), L.p1[r])) : L.a[r];
-      const float s = __fdiv_rn(a, qmax(F));
-      float o[V];
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        uint32_t c;
-        if constexpr (is_4bit(F)) {
-          const uint32_t byte = (L.cw[r][(j >> 1) >> 2] >> (8 * ((j >> 1) & 3))) & 0xffu;
-          c = (j & 1) ? byte & 0xfu : byte >> 4;
-        } else {
-          c = (L.cw[r][j >> 2] >> (8 * (j & 3))) & 0xffu;
-        }
-        o[j] = __fmul_rn(dec_value<F>(c, lut), s);
-      }
-      if (VEC && e + V <= n) {
-        uint32_t w[4];
-        if constexpr (V == 4) {
-#pragma unroll
-          for (int j = 0; j < 4; ++j) w[j] = float_to_bits<T>(o[j]);
-        } else {
-#pragma unroll
-          for (int j = 0; j < 4; ++j) w[j] = float_to_bits<T>(o[2 * j]) | (float_to_bits<T>(o[2 * j + 1]) << 16);
-        }
-        uint4* dst = reinterpret_cast<uint4*>(out + e);
-        if constexpr (VK_QUANT_DEC_STCS) __stcs(dst, make_uint4(w[0], w[1], w[2], w[3]));
-        else *dst = make_uint4(w[0], w[1], w[2], w[3]);
-      } else {
-        for (int j = 0; j < V; ++j)
-          if (e + j < n) store_one<T>(out + e + j, o[j]);
-      }
-    }
+    if (t + gridDim.x < ntiles) load(ahead, t + gridDim.x);
+    if (t < whole) decode_rows<F, T, VEC, TILE, NT, true>(L, lut, dq, t * TILE, n, out);
+    else decode_rows<F, T, VEC, TILE, NT, false>(L, lut, dq, t * TILE, n, out);
   };
-  if (tile < ntiles) decode_load<F, T, VEC, TILE, NT>(buf[0], codes, absmax, q8, params, tile * TILE, n, log2b);
+  if (tile < ntiles) load(buf[0], tile);
   take_turns(buf, tile, ntiles, decode_one);
 }
 
@@ -648,14 +717,14 @@ std::atomic<int> g_grid_mode{0};  // 0 auto (per kernel, below), 1 persistent, 2
 std::atomic<int> g_table{0};
 
 // The automatic grid, from the H200's figures (docs/BENCHMARKS.md section 9): a block per tile
-// for the formats without a table, encoders and decoders; persistent for the table formats, whose
-// thread blocks build their tables once (a block per tile: NF4 decode 65 % of copy bandwidth
-// against 83 % persistent).
+// for every decoder (their tables are copied, not computed) and for the encoders of the formats
+// without a table; persistent for the table formats' encoders, whose thread blocks build their
+// tables once.
 template <int F, typename T>
 bool tiles_grid(bool encode) {
   const int mode = g_grid_mode.load(std::memory_order_relaxed);
   if (mode != 0) return mode == 2;
-  return !is_table(F) && (!encode || sizeof(T) == 4 || VK_QUANT_ENC_TILES_16BIT);
+  return !encode || (!is_table(F) && (sizeof(T) == 4 || VK_QUANT_ENC_TILES_16BIT));
 }
 
 template <auto Kernel, int NT>
@@ -701,13 +770,14 @@ int encode_as(const void* x, int64_t n, int log2b, void* codes, float* absmax, i
               : launch_encode_default_tile<F, T>(xp, n, log2b, cp, absmax, device, st);
 }
 
-// The decoder's tile for T: the elements asked for, or one vector per thread when that is more.
-template <typename T, int ASKED> constexpr int dec_tile = ASKED > kDecThreads * elem<T>::V ? ASKED : kDecThreads * elem<T>::V;
+// The decoder's tile for T: kDecRows vectors a thread (2048 fp32 or 4096 16-bit elements), or
+// twice that when 8192-element tiles are asked for (vk_quant_set_launch).
+template <typename T, int WIDE> constexpr int dec_tile = kDecThreads * elem<T>::V * kDecRows * WIDE;
 
-template <int F, typename T, bool VEC, int ASKED>
+template <int F, typename T, bool VEC, int WIDE>
 int launch_decode(const uint8_t* codes, const float* absmax, const uint8_t* q8, const float* params, int64_t n,
                   int log2b, T* out, int device, cudaStream_t st) {
-  constexpr int TILE = dec_tile<T, ASKED>;
+  constexpr int TILE = dec_tile<T, WIDE>;
   constexpr auto kernel = decode_kernel<F, T, VEC, TILE, kDecThreads>;
   kernel<<<grid_of<kernel, kDecThreads>((n + TILE - 1) / TILE, device, tiles_grid<F, T>(false)), kDecThreads, 0, st>>>(
       codes, absmax, q8, params, n, log2b, out);
@@ -721,10 +791,10 @@ int decode_as(const void* codes, const float* absmax, const uint8_t* q8, const f
   const bool vec = aligned(out, 16) && aligned(codes, 8);
   auto* cp = static_cast<const uint8_t*>(codes);
   auto* op = static_cast<T*>(out);
-  if (!vec) return launch_decode<F, T, false, kDecTile>(cp, absmax, q8, params, n, log2b, op, device, st);
+  if (!vec) return launch_decode<F, T, false, 1>(cp, absmax, q8, params, n, log2b, op, device, st);
   if (g_tile.load(std::memory_order_relaxed) == 2 * kTile)
-    return launch_decode<F, T, true, 2 * kDecTile>(cp, absmax, q8, params, n, log2b, op, device, st);
-  return launch_decode<F, T, true, kDecTile>(cp, absmax, q8, params, n, log2b, op, device, st);
+    return launch_decode<F, T, true, 2>(cp, absmax, q8, params, n, log2b, op, device, st);
+  return launch_decode<F, T, true, 1>(cp, absmax, q8, params, n, log2b, op, device, st);
 }
 
 template <template <int, typename> class Op, typename... A>

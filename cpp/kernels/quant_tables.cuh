@@ -66,8 +66,9 @@ VKQ_HD float u2f(uint32_t u) {
 // Positive half of the signed dynamic map, ascending: decade i (0..6) holds 2^i values, the
 // midpoints of 2^i equal steps over [0.1, 1] scaled by 10^(i-6).
 // (Switches, not arrays: a local array would live in local memory on the device, and every
-// thread block builds its tables with these.)
-VKQ_HD double decade_scale(int i) {
+// thread block builds its tables with these. The value functions are constexpr: the decoders'
+// tables are computed once, at compile time, by the same steps.)
+VKQ_HDC double decade_scale(int i) {
   switch (i) {
     case 0: return 1e-6;
     case 1: return 1e-5;
@@ -79,7 +80,7 @@ VKQ_HD double decade_scale(int i) {
   }
 }
 
-VKQ_HD float dynamic_positive(int p) {  // p = 0..126
+VKQ_HDC float dynamic_positive(int p) {  // p = 0..126
   int i = 0;
   while ((2 << i) <= p + 1) ++i;  // i = floor(log2(p + 1))
   const int j = p + 1 - (1 << i);
@@ -87,9 +88,9 @@ VKQ_HD float dynamic_positive(int p) {  // p = 0..126
   return static_cast<float>(v);
 }
 
-VKQ_HD float nf4_value(int k) {
+VKQ_HDC float nf4_value(int k) {
   // NormalFloat4 (QLoRA, as bitsandbytes lists it): normal quantiles scaled to [-1, 1].
-  double v;
+  double v = 1.0;
   switch (k) {
     case 0: v = -1.0; break;
     case 1: v = -0.6961928009986877; break;
@@ -111,13 +112,13 @@ VKQ_HD float nf4_value(int k) {
   return static_cast<float>(v);
 }
 
-VKQ_HD float e2m1_magnitude(int c) {  // E2M1: 0, 0.5, 1, 1.5, 2, 3, 4, 6
+VKQ_HDC float e2m1_magnitude(int c) {  // E2M1: 0, 0.5, 1, 1.5, 2, 3, 4, 6
   c &= 7;
   return c < 4 ? 0.5f * static_cast<float>(c) : c == 4 ? 2.0f : c == 5 ? 3.0f : c == 6 ? 4.0f : 6.0f;
 }
 
 // The k-th smallest value of the format's table.
-VKQ_HD float sorted_value(int format, int k) {
+VKQ_HDC float sorted_value(int format, int k) {
   if (format == VK_QUANT_INT8_DYNAMIC) {
     if (k < 127) return -dynamic_positive(126 - k);
     if (k == 127) return 0.0f;
@@ -135,7 +136,7 @@ VKQ_HD uint32_t code_of(int format, int k) {
 }
 
 // The value a code decodes to (scale 1).
-VKQ_HD float decode_value(int format, uint32_t code) {
+VKQ_HDC float decode_value(int format, uint32_t code) {
   if (format == VK_QUANT_FP4) return (code & 8u) ? -e2m1_magnitude(static_cast<int>(code)) : e2m1_magnitude(static_cast<int>(code));
   return sorted_value(format, static_cast<int>(code));
 }

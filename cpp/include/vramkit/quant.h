@@ -51,8 +51,9 @@ int vk_quant_decode(int format, int dtype, const void* codes, const float* absma
 int vk_quant_pointer_device(const void* p);
 
 /* How later launches are shaped, for the whole process (a tuning knob for benchmarks; results do
- * not depend on it): tile = elements a thread block takes at a time, 0 for the default (4096) or
- * 8192; grid_mode = 0: chosen per kernel (the default), 1: a persistent grid (the resident
+ * not depend on it): tile = elements an encoder's thread block takes at a time, 0 for the default
+ * (4096) or 8192 (which also doubles a decoder's tile: 2048 fp32 or 4096 16-bit elements by
+ * default); grid_mode = 0: chosen per kernel (the default), 1: a persistent grid (the resident
  * thread blocks loop over the tiles), 2: one thread block per tile; table = which table the 4-bit encoders read, 0: the
  * default (direct with a persistent grid, buckets with a block per tile), 1: the bucket table,
  * 2: the direct table (indexed by a value's top 11 bits). Returns 0 or VK_QUANT_EINVAL. */

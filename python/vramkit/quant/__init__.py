@@ -38,11 +38,13 @@ _ALIGN = 256  # each part of a buffer's storage starts on this boundary
 
 def set_launch(tile: int = 0, grid: str = "auto", table: str = "auto", max_blocks: int = 0) -> None:
     """Shape of the kernels' later launches, for the whole process: a tuning knob for benchmarks
-    (codes and values do not depend on it). ``tile``: elements a thread block takes at a time,
-    0 for the default (4096) or 8192; ``grid``: ``"persistent"`` (the resident thread blocks loop
+    (codes and values do not depend on it). ``tile``: elements an encoder's thread block takes at
+    a time, 0 for the default (4096) or 8192 (which also doubles a decoder's tile, by default 2048
+    fp32 or 4096 16-bit elements); ``grid``: ``"persistent"`` (the resident thread blocks loop
     over the tiles, loading the next while they work on the current one), ``"tiles"`` (one thread
     block per tile) or ``"auto"`` (the default: per kernel, from the H200's figures: a block per
-    tile for the int8/fp8 decoders and fp32 encoders, persistent for the others); ``table``: which
+    tile for every decoder and for the int8/fp8 encoders, persistent for the table formats'
+    encoders); ``table``: which
     table the 4-bit encoders (nf4, fp4) read, ``"buckets"`` (44 entries, indexed by the value's
     clamped exponent and top mantissa bits), ``"direct"`` (2048 entries, indexed by its top 11
     bits: fewer instructions, a bigger table for each thread block to build) or ``"auto"`` (the
