@@ -52,6 +52,9 @@ namespace {
 #ifndef VK_QUANT_DEC_STCS
 #define VK_QUANT_DEC_STCS 1
 #endif
+#ifndef VK_QUANT_ENC_CONTIG
+#define VK_QUANT_ENC_CONTIG 0  // 1: table formats at their default block, two consecutive vectors a thread (not yet run on a GPU)
+#endif
 #ifndef VK_QUANT_ENC_TILES_16BIT
 #define VK_QUANT_ENC_TILES_16BIT 1
 #endif
@@ -69,7 +72,15 @@ __host__ __device__ constexpr bool is_4bit(int f) { return f == VK_QUANT_NF4 || 
 // tiles, 512 at the default block size and 128 at the others (blocks of 1024 and 4096 span every
 // warp of a thread block, and 512 threads wait longer at each barrier: NF4 at 4096, 62 % of copy
 // bandwidth against 77 %).
-template <int F, int LB> constexpr int enc_threads = !is_table(F) ? VK_QUANT_ENC_THREADS_PLAIN
+// CONTIG (-DVK_QUANT_ENC_CONTIG=1; the table formats at their default block size): each thread
+// holds two consecutive vectors of a tile instead of vectors a warp's width apart, so that a
+// quantization block spans half as many lanes and each thread finds one absmax, one reciprocal,
+// one scale store and one code store for twice the elements; the threads are as many as make two
+// vectors each. The NF4 bf16 encoder's loop issues 13.2 instructions an element this way against
+// 16.4. Off until it has been timed and tested on a GPU.
+template <int F, int LB> constexpr bool enc_contig = is_table(F) && LB != 0 && VK_QUANT_ENC_CONTIG;
+template <int F, int LB, typename T> constexpr int enc_threads = !is_table(F) ? VK_QUANT_ENC_THREADS_PLAIN
+                                                   : enc_contig<F, LB> ? 4096 / (2 * (16 / static_cast<int>(sizeof(T))))
                                                    : LB != 0  ? VK_QUANT_ENC_THREADS_TABLE
                                                               : VK_QUANT_ENC_THREADS_TABLE_OTHER;
 __host__ __device__ constexpr float qmax(int f) {
@@ -204,7 +215,7 @@ __device__ __forceinline__ void unpack_vec(const uint4& raw, float* v) {
 // One tile held in registers (v: row r of lane l is vector w*32R + 32r + l of the tile): the
 // absmax of each quantization block, then the codes. FULL: every element of the tile is below n
 // (no bounds checks, vector stores); VEC: codes is 8-byte aligned (vector stores allowed).
-template <int F, typename T, bool VEC, int TILE, bool DIRECT, bool FULL, int NT>
+template <int F, typename T, bool VEC, int TILE, bool DIRECT, bool FULL, int NT, bool CONTIG>
 __device__ __forceinline__ void encode_tile(float (&v)[TILE / (NT * elem<T>::V)][elem<T>::V], int64_t base,
                                             int64_t n, int log2b, const shared_tables<F, DIRECT>& tables, float* part,
                                             uint8_t* __restrict__ codes, float* __restrict__ absmax) {
@@ -215,16 +226,31 @@ __device__ __forceinline__ void encode_tile(float (&v)[TILE / (NT * elem<T>::V)]
   const int width = G < 32 ? G : 32;
   const int rows_per_block = G <= 32 ? 1 : (G >> 5) < R ? (G >> 5) : R;
   float m[R];
+  if constexpr (CONTIG) {  // a thread's rows lie in one block, which spans G / R lanes
+    static_assert(R <= 4, "a block (>= 32 elements) holds at least R consecutive vectors");
+    float a = 0.0f;
 #pragma unroll
-  for (int r = 0; r < R; ++r) {
-    m[r] = 0.0f;
+    for (int r = 0; r < R; ++r)
 #pragma unroll
-    for (int j = 0; j < V; ++j) m[r] = fmaxf(m[r], fabsf(v[r][j]));
+      for (int j = 0; j < V; ++j) a = fmaxf(a, fabsf(v[r][j]));
+    const int lanes = G / R < 32 ? G / R : 32;
 #pragma unroll
-    for (int off = 1; off < 32; off <<= 1)  // width is the same for the whole warp
-      if (off < width) m[r] = fmaxf(m[r], __shfl_xor_sync(0xffffffffu, m[r], off));
+    for (int off = 1; off < 32; off <<= 1)
+      if (off < lanes) a = fmaxf(a, __shfl_xor_sync(0xffffffffu, a, off));
+#pragma unroll
+    for (int r = 0; r < R; ++r) m[r] = a;
+  } else {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      m[r] = 0.0f;
+#pragma unroll
+      for (int j = 0; j < V; ++j) m[r] = fmaxf(m[r], fabsf(v[r][j]));
+#pragma unroll
+      for (int off = 1; off < 32; off <<= 1)  // width is the same for the whole warp
+        if (off < width) m[r] = fmaxf(m[r], __shfl_xor_sync(0xffffffffu, m[r], off));
+    }
   }
-  if (rows_per_block > 1) {  // a block spans rows of this warp
+  if (!CONTIG && rows_per_block > 1) {  // a block spans rows of this warp
     float g[R];
 #pragma unroll
     for (int r = 0; r < R; ++r) {
@@ -246,13 +272,21 @@ __device__ __forceinline__ void encode_tile(float (&v)[TILE / (NT * elem<T>::V)]
 #pragma unroll
     for (int r = 0; r < R; ++r) m[r] = a;
   }
+  auto reciprocal = [](float a) { return a > 0.0f ? fminf(__fdiv_rn(qmax(F), a), FLT_MAX) : 0.0f; };
+  // CONTIG, whole tiles: one reciprocal for the thread's rows (one block), and their code words
+  // kept for one store.
+  constexpr bool JOIN = CONTIG && FULL && VEC;
+  static_assert(!JOIN || R == 2, "joined stores are made for two rows");
+  float inv_rows = 0.0f;
+  if constexpr (CONTIG) inv_rows = reciprocal(m[0]);
+  uint32_t kept[R][2];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
-    const int vi = warp * 32 * R + r * 32 + lane;
+    const int vi = CONTIG ? (warp * 32 + lane) * R + r : warp * 32 * R + r * 32 + lane;
     const int64_t e = base + static_cast<int64_t>(vi) * V;
     if (!FULL && e >= n) continue;
-    if ((vi & (G - 1)) == 0) absmax[e >> log2b] = m[r];
-    const float inv = m[r] > 0.0f ? fminf(__fdiv_rn(qmax(F), m[r]), FLT_MAX) : 0.0f;
+    if ((CONTIG ? r == 0 : true) && (vi & (G - 1)) == 0) absmax[e >> log2b] = m[r];
+    const float inv = CONTIG ? inv_rows : reciprocal(m[r]);
     uint32_t c[V];
     if constexpr (F == VK_QUANT_INT8) {
 #pragma unroll
@@ -285,7 +319,9 @@ __device__ __forceinline__ void encode_tile(float (&v)[TILE / (NT * elem<T>::V)]
       if constexpr (V == 4) w = __byte_perm(pb[0], pb[1], 0x0040);
       else w = low_bytes(pb[0], pb[1], pb[2], pb[3]);
       uint8_t* dst = codes + (e >> 1);
-      if (whole) {
+      if constexpr (JOIN) {
+        kept[r][0] = w;
+      } else if (whole) {
         if constexpr (V == 4) *reinterpret_cast<uint16_t*>(dst) = static_cast<uint16_t>(w);
         else *reinterpret_cast<uint32_t*>(dst) = w;
       } else {
@@ -297,12 +333,31 @@ __device__ __forceinline__ void encode_tile(float (&v)[TILE / (NT * elem<T>::V)]
 #pragma unroll
       for (int k = 0; k < V / 4; ++k) w[k] = low_bytes(c[4 * k], c[4 * k + 1], c[4 * k + 2], c[4 * k + 3]);
       uint8_t* dst = codes + e;
-      if (whole) {
+      if constexpr (JOIN) {
+        kept[r][0] = w[0];
+        kept[r][1] = w[1];
+      } else if (whole) {
         if constexpr (V == 4) *reinterpret_cast<uint32_t*>(dst) = w[0];
         else *reinterpret_cast<uint2*>(dst) = make_uint2(w[0], w[1]);
       } else {
         for (int j = 0; j < V; ++j)
           if (e + j < n) dst[j] = static_cast<uint8_t>(w[j >> 2] >> (8 * (j & 3)));
+      }
+    }
+  }
+  if constexpr (JOIN) {  // the two rows' codes are consecutive: one store (8-byte aligned at most)
+    const int64_t e = base + static_cast<int64_t>((warp * 32 + lane) * R) * V;
+    if constexpr (is_4bit(F)) {
+      uint8_t* dst = codes + (e >> 1);
+      if constexpr (V == 4) *reinterpret_cast<uint32_t*>(dst) = __byte_perm(kept[0][0], kept[1][0], 0x5410);
+      else *reinterpret_cast<uint2*>(dst) = make_uint2(kept[0][0], kept[1][0]);
+    } else {
+      uint2* dst = reinterpret_cast<uint2*>(codes + e);
+      if constexpr (V == 4) {
+        dst[0] = make_uint2(kept[0][0], kept[1][0]);
+      } else {
+        dst[0] = make_uint2(kept[0][0], kept[0][1]);
+        dst[1] = make_uint2(kept[1][0], kept[1][1]);
       }
     }
   }
@@ -328,7 +383,7 @@ __device__ __forceinline__ int64_t take_turns(Set (&sets)[2], int64_t tile, int6
 // encodes the current one.
 // LB: log2 of the block size when the kernel is made for one (the loops over a block's lanes, rows
 // and warps then have constant bounds), 0 when it takes log2b as it comes.
-template <int F, typename T, bool VEC, int TILE, bool DIRECT, int LB = 0, int NT = enc_threads<F, LB>>
+template <int F, typename T, bool VEC, int TILE, bool DIRECT, int LB = 0, int NT = enc_threads<F, LB, T>>
 __global__ void __launch_bounds__(NT) encode_kernel(const T* __restrict__ x, int64_t n, int log2b_arg,
                                                           uint8_t* __restrict__ codes, float* __restrict__ absmax) {
   const int log2b = LB != 0 ? LB : log2b_arg;
@@ -343,7 +398,10 @@ __global__ void __launch_bounds__(NT) encode_kernel(const T* __restrict__ x, int
   const int64_t ntiles = (n + TILE - 1) / TILE;
   const int64_t full = VEC ? n / TILE : 0;  // tiles with every element below n
   // Vector index of row r of this thread within a tile.
-  auto offset = [&](int r) { return static_cast<int64_t>(warp * 32 * R + r * 32 + lane) * V; };
+  constexpr bool CONTIG = enc_contig<F, LB> && TILE == kTile;
+  auto offset = [&](int r) {
+    return static_cast<int64_t>(CONTIG ? (warp * 32 + lane) * R + r : warp * 32 * R + r * 32 + lane) * V;
+  };
   // Whole tiles: two register sets take turns (one being encoded while the other's loads are in
   // flight), so that no register moves between them. Then the last, partial tile.
   uint4 raw[2][R];
@@ -360,7 +418,7 @@ __global__ void __launch_bounds__(NT) encode_kernel(const T* __restrict__ x, int
 #pragma unroll
     for (int r = 0; r < R; ++r) unpack_vec<T>(src[r], v[r]);
     if (t + gridDim.x < full) load(ahead, t + gridDim.x);
-    encode_tile<F, T, VEC, TILE, DIRECT, true, NT>(v, t * TILE, n, log2b, tables, part, codes, absmax);
+    encode_tile<F, T, VEC, TILE, DIRECT, true, NT, CONTIG>(v, t * TILE, n, log2b, tables, part, codes, absmax);
   };
   if (tile < full) load(raw[0], tile);
   tile = take_turns(raw, tile, full, encode_whole);
@@ -368,7 +426,7 @@ __global__ void __launch_bounds__(NT) encode_kernel(const T* __restrict__ x, int
     float v[R][V];
 #pragma unroll
     for (int r = 0; r < R; ++r) load_vec<T, VEC>(x, tile * TILE + offset(r), n, v[r]);
-    encode_tile<F, T, VEC, TILE, DIRECT, false, NT>(v, tile * TILE, n, log2b, tables, part, codes, absmax);
+    encode_tile<F, T, VEC, TILE, DIRECT, false, NT, CONTIG>(v, tile * TILE, n, log2b, tables, part, codes, absmax);
   }
 }
 
@@ -735,7 +793,7 @@ unsigned grid_of(int64_t tiles, int device, bool per_tile) {
 
 template <int F, typename T, bool VEC, int TILE, bool DIRECT = false, int LB = 0>
 int launch_encode(const T* x, int64_t n, int log2b, uint8_t* codes, float* absmax, int device, cudaStream_t st) {
-  constexpr int NT = enc_threads<F, LB>;
+  constexpr int NT = enc_threads<F, LB, T>;
   constexpr auto kernel = encode_kernel<F, T, VEC, TILE, DIRECT, LB, NT>;
   kernel<<<grid_of<kernel, NT>((n + TILE - 1) / TILE, device, tiles_grid<F, T>(true)), NT, 0, st>>>(
       x, n, log2b, codes, absmax);
