@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import random
 import statistics
 
 MiB = 1 << 20
@@ -14,6 +15,10 @@ MEASURES = ("cold_ms", "warm_ms", "peak_allocated", "peak_reserved", "nvml_peak"
 # Per-step figures over the repeats (see step_minimum): noise only adds time, so each step's
 # fastest repeat is the best estimate of what the allocator costs in it.
 STEP_MEASURES = ("warm_min_ms", "warm_total_min_ms")
+# The warm-time ratio's interval: repeats resampled with replacement, a fixed seed (the same
+# records always give the same interval).
+CI_RESAMPLES = 2000
+CI_LEVEL = 0.90
 
 
 def ok(run: dict) -> bool:
@@ -48,6 +53,30 @@ def step_minimum(good: list[dict]) -> tuple[float | None, float | None]:
     return statistics.median(mins), sum(mins)
 
 
+def ratio_interval(own: list[float], baselines: list[list[float]], level: float = CI_LEVEL,
+                   resamples: int = CI_RESAMPLES, seed: int = 0) -> tuple[float, float] | None:
+    """A bootstrap interval for median(own) / min(median of each baseline): each resample draws
+    every allocator's repeats anew, with replacement. With a few repeats of a noisy workload the
+    interval is wide, and a ratio of 0.97 whose interval reaches past 1 is not a win."""
+    own = [x for x in own if isinstance(x, (int, float))]
+    baselines = [[x for x in b if isinstance(x, (int, float))] for b in baselines]
+    baselines = [b for b in baselines if b]
+    if not own or not baselines:
+        return None
+    rng = random.Random(seed)
+    draw = lambda xs: statistics.median(rng.choices(xs, k=len(xs)))  # noqa: E731
+    ratios = []
+    for _ in range(resamples):
+        best = min(draw(b) for b in baselines)
+        if best > 0:
+            ratios.append(draw(own) / best)
+    if not ratios:
+        return None
+    ratios.sort()
+    tail = (1.0 - level) / 2.0
+    return ratios[int(tail * (len(ratios) - 1))], ratios[int(round((1.0 - tail) * (len(ratios) - 1)))]
+
+
 def summarize(runs: list[dict], workloads: list[str], allocators: list[str]) -> list[dict]:
     """One row per (workload, allocator): medians over its successful runs, the spread of its peak
     memory over the repeats in %, and ratios against the better of PyTorch's two allocators (the
@@ -72,10 +101,14 @@ def summarize(runs: list[dict], workloads: list[str], allocators: list[str]) -> 
             row["warm_min_ms"], row["warm_total_min_ms"] = step_minimum(good)
             group[a] = row
             rows.append(row)
-        for row in group.values():
+        warm = {a: [r["warm_ms"] for r in runs if r.get("workload") == w and r.get("allocator") == a and ok(r)]
+                for a in group}
+        for a, row in group.items():
             for m in MEASURES + STEP_MEASURES:
                 base = [group[b][m] for b in BASELINES if b in group and group[b][m]]
                 row[m + "_vs_best"] = row[m] / min(base) if base and row[m] is not None else None
+            ci = ratio_interval(warm[a], [warm[b] for b in BASELINES if b in warm])
+            row["warm_ms_vs_best_ci"] = list(ci) if ci else None
     return rows
 
 
@@ -122,6 +155,10 @@ def _ratio(x) -> str:
     return "-" if x is None else f"{x:.3f}"
 
 
+def _interval(ci) -> str:
+    return "-" if not ci else f"{ci[0]:.2f}-{ci[1]:.2f}"
+
+
 def _pct(x) -> str:
     return "-" if x is None else f"{x:.1f}"
 
@@ -129,13 +166,13 @@ def _pct(x) -> str:
 def table(rows: list[dict]) -> str:
     head = ("| workload | allocator | runs | cold ms | warm ms | peak alloc MiB | peak reserved MiB | reserved/alloc "
             "| NVML peak MiB | warm x | cold x | reserved x | NVML x | spread reserved % | spread NVML % "
-            "| spread warm % | warm min x | warm total x |")
+            "| spread warm % | warm x, 90 % interval | warm min x | warm total x |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for r in rows:
         runs = f"{r['runs']}" + (f" ({r['failed']} failed)" if r["failed"] else "")
         if not r["runs"]:
             lines.append(f"| {r['workload']} | {r['allocator']} | {runs} | "
-                         + "; ".join(r["failures"])[:160].replace("|", "/") + " |" + " |" * 14)
+                         + "; ".join(r["failures"])[:160].replace("|", "/") + " |" + " |" * 15)
             continue
         lines.append(
             f"| {r['workload']} | {r['allocator']} | {runs} | {_ms(r['cold_ms'])} | {_ms(r['warm_ms'])} | "
@@ -143,5 +180,6 @@ def table(rows: list[dict]) -> str:
             f"{_mib(r['nvml_peak'])} | {_ratio(r['warm_ms_vs_best'])} | {_ratio(r['cold_ms_vs_best'])} | "
             f"{_ratio(r['peak_reserved_vs_best'])} | {_ratio(r['nvml_peak_vs_best'])} | "
             f"{_pct(r['spread_reserved_pct'])} | {_pct(r['spread_nvml_pct'])} | {_pct(r['spread_warm_pct'])} | "
+            f"{_interval(r.get('warm_ms_vs_best_ci'))} | "
             f"{_ratio(r['warm_min_ms_vs_best'])} | {_ratio(r['warm_total_min_ms_vs_best'])} |")
     return "\n".join(lines)

@@ -202,3 +202,23 @@ def test_checksum_verdicts():
             [_run("c", "vramkit", 1, 1, 1)]
     assert "not deterministic" in report.compare_checksums(noisy, ["c"])["c"]["verdict"]
     assert report.compare_checksums([], ["d"])["d"]["verdict"] == "no runs"
+
+
+def test_warm_ratio_interval_follows_the_repeats():
+    """The bootstrap interval holds the point ratio, is one point when every repeat agrees, widens
+    with the repeats' spread, is the same on every call, and is left out without a baseline."""
+    steady = [_run("i", "default", 10.0, 1, 1, rep=r) for r in range(4)] + \
+             [_run("i", "vramkit", 9.0, 1, 1, rep=r) for r in range(4)]
+    v = {r["allocator"]: r for r in report.summarize(steady, ["i"], ["default", "vramkit"])}["vramkit"]
+    assert v["warm_ms_vs_best_ci"] == [pytest.approx(0.9), pytest.approx(0.9)]
+    noisy = [_run("j", "default", t, 1, 1, rep=r) for r, t in enumerate((8.0, 10.0, 12.0, 14.0))] + \
+            [_run("j", "expandable", t, 1, 1, rep=r) for r, t in enumerate((11.0, 11.5, 12.0, 12.5))] + \
+            [_run("j", "vramkit", t, 1, 1, rep=r) for r, t in enumerate((8.5, 10.0, 11.0, 13.0))]
+    rows = report.summarize(noisy, ["j"], ["default", "expandable", "vramkit"])
+    v = {r["allocator"]: r for r in rows}["vramkit"]
+    lo, hi = v["warm_ms_vs_best_ci"]
+    assert lo <= v["warm_ms_vs_best"] <= hi and lo < 1.0 < hi
+    assert report.summarize(noisy, ["j"], ["default", "expandable", "vramkit"])[2]["warm_ms_vs_best_ci"] == [lo, hi]
+    assert report.ratio_interval([1.0], []) is None and report.ratio_interval([], [[1.0]]) is None
+    line = report.table(rows).splitlines()[-1]
+    assert f"| {lo:.2f}-{hi:.2f} |" in line
