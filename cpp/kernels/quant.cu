@@ -212,8 +212,8 @@ __device__ __forceinline__ void unpack_vec(const uint4& raw, float* v) {
   for (int j = 0; j < V; ++j) v[j] = bits_to_float<T>(w[j * 4 / V], V == 8 ? (j & 1) : 0);
 }
 
-// One tile held in registers (v: row r of lane l is vector w*32R + 32r + l of the tile): the
-// absmax of each quantization block, then the codes. FULL: every element of the tile is below n
+// One tile held in registers (v: row r of lane l is vector w*32R + 32r + l of the tile, or with
+// CONTIG vector (32w + l)R + r): the absmax of each quantization block, then the codes. FULL: every element of the tile is below n
 // (no bounds checks, vector stores); VEC: codes is 8-byte aligned (vector stores allowed).
 template <int F, typename T, bool VEC, int TILE, bool DIRECT, bool FULL, int NT, bool CONTIG>
 __device__ __forceinline__ void encode_tile(float (&v)[TILE / (NT * elem<T>::V)][elem<T>::V], int64_t base,
@@ -570,9 +570,6 @@ __device__ __forceinline__ void decode_rows(const decode_loads<TILE / (NT * elem
   }
 }
 
-// VEC: out is 16-byte aligned and codes 8-byte aligned (whole tiles then take the fast path). A
-// thread block that loops over tiles (persistent grid) has the next tile's loads in flight while
-// it decodes the current one.
 // The decoded value of each code (scale 1), computed at compile time by decode_value: a thread
 // block copies its format's table into shared memory instead of computing it.
 struct value_table {
@@ -590,6 +587,9 @@ template <int F> __device__ __forceinline__ const float* value_table_of() {
   return F == VK_QUANT_INT8_DYNAMIC ? kDynamicValues.v : F == VK_QUANT_NF4 ? kNf4Values.v : kFp4Values.v;
 }
 
+// VEC: out is 16-byte aligned and codes 8-byte aligned (whole tiles then take the fast path). A
+// thread block that loops over tiles (persistent grid) has the next tile's loads in flight while
+// it decodes the current one.
 template <int F, typename T, bool VEC, int TILE, int NT = kDecThreads>
 __global__ void __launch_bounds__(NT) decode_kernel(const uint8_t* __restrict__ codes, const float* __restrict__ absmax,
                                                           const uint8_t* __restrict__ q8, const float* __restrict__ params,

@@ -204,6 +204,16 @@ def test_gpu_double_quant_equals_reference(fmt):
         check_against_reference(x, q, fmt, 64, dtype, f"{fmt} {dtype} double quant")
 
 
+def test_gpu_double_quant_with_tiles_inside_blocks():
+    """fp32 decoder tiles (2,048 elements) start inside blocks of 4,096: the whole-tile path's
+    scale index from the double-quantized scales, over several groups of 256 blocks."""
+    n = 4096 * (256 + 7) + 2048  # a short group of scales, and a last tile ending inside a block
+    for fmt in ("nf4", "int8", "int8_dynamic"):
+        x = randn(n, "float32", seed=12)
+        q = vq.quantize(x, fmt, block=4096, double_quant=True)
+        check_against_reference(x, q, fmt, 4096, "float32", f"{fmt} float32 double quant, block 4096")
+
+
 @pytest.mark.parametrize("fmt", ["fp8_e4m3", "fp8_e5m2"])
 def test_gpu_fp8_equals_torch_cast(fmt):
     """The codes are PyTorch's own cast of x * (qmax / absmax), computed the same way in fp32."""
