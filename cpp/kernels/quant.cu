@@ -53,7 +53,7 @@ namespace {
 #define VK_QUANT_DEC_STCS 1
 #endif
 #ifndef VK_QUANT_ENC_CONTIG
-#define VK_QUANT_ENC_CONTIG 0  // 1: table formats at their default block, two consecutive vectors a thread (not yet run on a GPU)
+#define VK_QUANT_ENC_CONTIG 0  // 2 or 4: table formats at their default block, that many consecutive vectors a thread (not yet run on a GPU)
 #endif
 #ifndef VK_QUANT_ENC_TILES_16BIT
 #define VK_QUANT_ENC_TILES_16BIT 1
@@ -72,15 +72,18 @@ __host__ __device__ constexpr bool is_4bit(int f) { return f == VK_QUANT_NF4 || 
 // tiles, 512 at the default block size and 128 at the others (blocks of 1024 and 4096 span every
 // warp of a thread block, and 512 threads wait longer at each barrier: NF4 at 4096, 62 % of copy
 // bandwidth against 77 %).
-// CONTIG (-DVK_QUANT_ENC_CONTIG=1; the table formats at their default block size): each thread
-// holds two consecutive vectors of a tile instead of vectors a warp's width apart, so that a
-// quantization block spans half as many lanes and each thread finds one absmax, one reciprocal,
-// one scale store and one code store for twice the elements; the threads are as many as make two
-// vectors each. The NF4 bf16 encoder's loop issues 13.2 instructions an element this way against
-// 16.4. Off until it has been timed and tested on a GPU.
-template <int F, int LB> constexpr bool enc_contig = is_table(F) && LB != 0 && VK_QUANT_ENC_CONTIG;
+// CONTIG (-DVK_QUANT_ENC_CONTIG=2 or 4; the table formats at their default block size): each
+// thread holds that many consecutive vectors of a tile instead of vectors a warp's width apart, so
+// that a quantization block spans fewer lanes and each thread finds one absmax, one reciprocal,
+// one scale store and one code store for all its rows; the threads are as many as make those rows
+// (a block, at least 32 elements, holds at least four vectors). The NF4 bf16 encoder's loop issues
+// 13.2 instructions an element with two and 12.0 with four, against 16.4. Off until it has been
+// timed and tested on a GPU.
+static_assert(VK_QUANT_ENC_CONTIG == 0 || VK_QUANT_ENC_CONTIG == 2 || VK_QUANT_ENC_CONTIG == 4,
+              "VK_QUANT_ENC_CONTIG: 0, 2 or 4 rows a thread");
+template <int F, int LB> constexpr bool enc_contig = is_table(F) && LB != 0 && VK_QUANT_ENC_CONTIG != 0;
 template <int F, int LB, typename T> constexpr int enc_threads = !is_table(F) ? VK_QUANT_ENC_THREADS_PLAIN
-                                                   : enc_contig<F, LB> ? 4096 / (2 * (16 / static_cast<int>(sizeof(T))))
+                                                   : enc_contig<F, LB> ? 4096 / (VK_QUANT_ENC_CONTIG * (16 / static_cast<int>(sizeof(T))))
                                                    : LB != 0  ? VK_QUANT_ENC_THREADS_TABLE
                                                               : VK_QUANT_ENC_THREADS_TABLE_OTHER;
 __host__ __device__ constexpr float qmax(int f) {
@@ -276,7 +279,6 @@ __device__ __forceinline__ void encode_tile(float (&v)[TILE / (NT * elem<T>::V)]
   // CONTIG, whole tiles: one reciprocal for the thread's rows (one block), and their code words
   // kept for one store.
   constexpr bool JOIN = CONTIG && FULL && VEC;
-  static_assert(!JOIN || R == 2, "joined stores are made for two rows");
   float inv_rows = 0.0f;
   if constexpr (CONTIG) inv_rows = reciprocal(m[0]);
   uint32_t kept[R][2];
@@ -345,20 +347,24 @@ __device__ __forceinline__ void encode_tile(float (&v)[TILE / (NT * elem<T>::V)]
       }
     }
   }
-  if constexpr (JOIN) {  // the two rows' codes are consecutive: one store (8-byte aligned at most)
+  if constexpr (JOIN) {  // the rows' codes are consecutive: stored together, 8 bytes at a time
+    constexpr int CB = is_4bit(F) ? V / 2 : V;  // code bytes a row: 2, 4 or 8
+    constexpr int NW = R * CB / 4;              // 32-bit words for all rows
+    static_assert(R * CB % 4 == 0 && (NW == 1 || NW % 2 == 0), "whole words, in pairs");
+    uint32_t words[NW];
+#pragma unroll
+    for (int i = 0; i < NW; ++i) {
+      if constexpr (CB == 2) words[i] = __byte_perm(kept[2 * i][0], kept[2 * i + 1][0], 0x5410);
+      else if constexpr (CB == 4) words[i] = kept[i][0];
+      else words[i] = kept[i >> 1][i & 1];
+    }
     const int64_t e = base + static_cast<int64_t>((warp * 32 + lane) * R) * V;
-    if constexpr (is_4bit(F)) {
-      uint8_t* dst = codes + (e >> 1);
-      if constexpr (V == 4) *reinterpret_cast<uint32_t*>(dst) = __byte_perm(kept[0][0], kept[1][0], 0x5410);
-      else *reinterpret_cast<uint2*>(dst) = make_uint2(kept[0][0], kept[1][0]);
+    uint8_t* dst = codes + (is_4bit(F) ? e >> 1 : e);  // a multiple of 4 x NW bytes from codes
+    if constexpr (NW == 1) {
+      *reinterpret_cast<uint32_t*>(dst) = words[0];
     } else {
-      uint2* dst = reinterpret_cast<uint2*>(codes + e);
-      if constexpr (V == 4) {
-        dst[0] = make_uint2(kept[0][0], kept[1][0]);
-      } else {
-        dst[0] = make_uint2(kept[0][0], kept[0][1]);
-        dst[1] = make_uint2(kept[1][0], kept[1][1]);
-      }
+#pragma unroll
+      for (int i = 0; i < NW / 2; ++i) reinterpret_cast<uint2*>(dst)[i] = make_uint2(words[2 * i], words[2 * i + 1]);
     }
   }
 }
