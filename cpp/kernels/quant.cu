@@ -53,7 +53,7 @@ namespace {
 #define VK_QUANT_DEC_STCS 1
 #endif
 #ifndef VK_QUANT_ENC_CONTIG
-#define VK_QUANT_ENC_CONTIG 0  // 2 or 4: table formats at their default block, that many consecutive vectors a thread (not yet run on a GPU)
+#define VK_QUANT_ENC_CONTIG 0  // 2, 4 or 8: table formats at their default block, that many consecutive vectors a thread (not yet run on a GPU)
 #endif
 #ifndef VK_QUANT_ENC_TILES_16BIT
 #define VK_QUANT_ENC_TILES_16BIT 1
@@ -72,15 +72,17 @@ __host__ __device__ constexpr bool is_4bit(int f) { return f == VK_QUANT_NF4 || 
 // tiles, 512 at the default block size and 128 at the others (blocks of 1024 and 4096 span every
 // warp of a thread block, and 512 threads wait longer at each barrier: NF4 at 4096, 62 % of copy
 // bandwidth against 77 %).
-// CONTIG (-DVK_QUANT_ENC_CONTIG=2 or 4; the table formats at their default block size): each
+// CONTIG (-DVK_QUANT_ENC_CONTIG=2, 4 or 8; the table formats at their default block size): each
 // thread holds that many consecutive vectors of a tile instead of vectors a warp's width apart, so
 // that a quantization block spans fewer lanes and each thread finds one absmax, one reciprocal,
 // one scale store and one code store for all its rows; the threads are as many as make those rows
-// (a block, at least 32 elements, holds at least four vectors). The NF4 bf16 encoder's loop issues
-// 13.2 instructions an element with two and 12.0 with four, against 16.4. Off until it has been
-// timed and tested on a GPU.
-static_assert(VK_QUANT_ENC_CONTIG == 0 || VK_QUANT_ENC_CONTIG == 2 || VK_QUANT_ENC_CONTIG == 4,
-              "VK_QUANT_ENC_CONTIG: 0, 2 or 4 rows a thread");
+// (the default blocks, 64 or 256 elements, hold at least eight vectors). Instructions an element
+// in the loop (SASS), default / 2 / 4 / 8 rows: NF4 bf16 16.4 / 12.9 / 12.0 / 10.6, dynamic map
+// bf16 22.4 / 17.5 / 16.0 / 14.9, NF4 fp32 21.9 / 15.6 / 12.1 / 10.8. More rows a thread also
+// spread a warp's loads over more cache lines. Off until it has been timed and tested on a GPU.
+static_assert(VK_QUANT_ENC_CONTIG == 0 || VK_QUANT_ENC_CONTIG == 2 || VK_QUANT_ENC_CONTIG == 4 ||
+                  VK_QUANT_ENC_CONTIG == 8,
+              "VK_QUANT_ENC_CONTIG: 0, 2, 4 or 8 rows a thread");
 template <int F, int LB> constexpr bool enc_contig = is_table(F) && LB != 0 && VK_QUANT_ENC_CONTIG != 0;
 template <int F, int LB, typename T> constexpr int enc_threads = !is_table(F) ? VK_QUANT_ENC_THREADS_PLAIN
                                                    : enc_contig<F, LB> ? 4096 / (VK_QUANT_ENC_CONTIG * (16 / static_cast<int>(sizeof(T))))
@@ -230,7 +232,7 @@ __device__ __forceinline__ void encode_tile(float (&v)[TILE / (NT * elem<T>::V)]
   const int rows_per_block = G <= 32 ? 1 : (G >> 5) < R ? (G >> 5) : R;
   float m[R];
   if constexpr (CONTIG) {  // a thread's rows lie in one block, which spans G / R lanes
-    static_assert(R <= 4, "a block (>= 32 elements) holds at least R consecutive vectors");
+    static_assert(R <= 8, "a default block (>= 64 elements) holds at least R consecutive vectors");
     float a = 0.0f;
 #pragma unroll
     for (int r = 0; r < R; ++r)
