@@ -8,6 +8,8 @@
 #include <memory>
 #include <random>
 #include <string>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "vramkit/mr/pool_resource.hpp"
@@ -54,6 +56,55 @@ struct null_pages : vramkit::page_device {
   vramkit::device_properties properties() const override { return {}; }
 };
 
+// (diagnostic) VKHAZARD=L1,L2,...: replays with the GPU in step (every event done) and counts,
+// for each lag L, the pages unmapped (or mapped over) while a block freed fewer than L operations
+// before still covered them: the unmaps a pool taking pages without waiting for the GPU would
+// have to delay or wait for, were the GPU L operations behind. A wrapper around the page device
+// tracks which addresses are mapped; the replay loop stamps each freed block's pages.
+struct hazard_pages : vramkit::page_device {
+  std::shared_ptr<vramkit::page_device> in;
+  std::vector<std::size_t> lags, hits;
+  std::unordered_map<std::uintptr_t, std::size_t> last_free;  // page address -> op of the last free over it
+  std::unordered_set<std::uintptr_t> mapped;
+  std::size_t now = 0, unmaps = 0;
+  void touch(std::uintptr_t va) {
+    ++unmaps;
+    auto it = last_free.find(va);
+    if (it == last_free.end()) return;
+    for (std::size_t i = 0; i < lags.size(); ++i) hits[i] += now - it->second < lags[i];
+  }
+  void freed(std::uintptr_t addr, std::size_t bytes) {
+    const std::size_t g = in->granularity();
+    for (std::uintptr_t v = addr / g * g; v < addr + bytes; v += g) last_free[v] = now;
+  }
+  std::size_t granularity() const noexcept override { return in->granularity(); }
+  std::size_t capacity() const noexcept override { return in->capacity(); }
+  std::size_t created_bytes() const noexcept override { return in->created_bytes(); }
+  std::uintptr_t reserve(std::size_t b) override { return in->reserve(b); }
+  void unreserve(std::uintptr_t va, std::size_t b) noexcept override { in->unreserve(va, b); }
+  vramkit::page_handle create() override { return in->create(); }
+  void destroy(vramkit::page_handle h) noexcept override { in->destroy(h); }
+  vramkit::page_handle create_chunk(std::size_t pages) override { return in->create_chunk(pages); }
+  void map_chunk(std::uintptr_t va, vramkit::page_handle h, std::size_t pages) override {
+    in->map_chunk(va, h, pages);
+    for (std::size_t i = 0; i < pages; ++i) mapped.insert(va + i * granularity());
+  }
+  void map(std::uintptr_t va, const vramkit::page_handle* h, std::size_t n) override {
+    in->map(va, h, n);
+    for (std::size_t i = 0; i < n; ++i)
+      if (!mapped.insert(va + i * granularity()).second) touch(va + i * granularity());  // mapped over
+  }
+  void unmap(std::uintptr_t va, std::size_t n) noexcept override {
+    in->unmap(va, n);
+    for (std::size_t i = 0; i < n; ++i)
+      if (mapped.erase(va + i * granularity())) touch(va + i * granularity());
+  }
+  bool map_replaces() const noexcept override { return in->map_replaces(); }
+  int device() const noexcept override { return in->device(); }
+  std::string name() const override { return "hazard"; }
+  vramkit::device_properties properties() const override { return in->properties(); }
+};
+
 int main(int argc, char** argv) {
   std::vector<vramkit::trace_op> ops;
   unsigned long long op, id, size, st;
@@ -75,6 +126,18 @@ int main(int argc, char** argv) {
   } else {
     dev = std::make_shared<vramkit::host_page_device>(vramkit::host_page_device::default_capacity,
                                                       o.page_size ? o.page_size : std::size_t{2} << 20);
+  }
+  std::shared_ptr<hazard_pages> hz;
+  if (const char* h = std::getenv("VKHAZARD")) {
+    hz = std::make_shared<hazard_pages>();
+    hz->in = dev;
+    for (const char* q = h; *q;) {
+      char* end = nullptr;
+      hz->lags.push_back(std::strtoull(q, &end, 10));
+      q = *end ? end + 1 : end;
+    }
+    hz->hits.assign(hz->lags.size(), 0);
+    dev = hz;
   }
   auto lag = std::make_shared<lag_streams>();
   lag->lag = std::getenv("VKLAG") ? std::strtoull(std::getenv("VKLAG"), nullptr, 10) : 0;
@@ -125,6 +188,29 @@ int main(int argc, char** argv) {
     std::printf("lag %zu: peak_reserved/peak_live %.4f waits %zu remapped %zu reclaims %zu\n",
                 lag->lag, double(pool.state().peak_reserved_bytes) / double(peak_live), lag->waits, c.pages_remapped,
                 c.stream_reclaims);
+    pool.check_invariants();
+    return 0;
+  }
+  if (hz) {
+    std::vector<void*> ptr(ops.size(), nullptr);
+    int passes = std::getenv("VKPASSES") ? std::atoi(std::getenv("VKPASSES")) : 4;
+    for (int pass = 0; pass < passes; ++pass) {
+      const std::size_t unmaps0 = hz->unmaps;
+      const std::vector<std::size_t> hits0 = hz->hits;
+      for (auto& t : ops) {
+        ++hz->now;
+        if (t.action == 0) {
+          ptr[t.id] = pool.allocate(t.size, t.stream);
+        } else {
+          hz->freed(reinterpret_cast<std::uintptr_t>(ptr[t.id]), pool.allocation_size(ptr[t.id]));
+          pool.deallocate(ptr[t.id], 0, t.stream);
+        }
+      }
+      std::printf("pass %d: pages unmapped or mapped over %zu; within L ops of a free over them:", pass,
+                  hz->unmaps - unmaps0);
+      for (std::size_t i = 0; i < hz->lags.size(); ++i) std::printf(" L=%zu %zu", hz->lags[i], hz->hits[i] - hits0[i]);
+      std::printf("\n");
+    }
     pool.check_invariants();
     return 0;
   }
