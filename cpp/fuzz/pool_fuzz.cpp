@@ -14,6 +14,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   auto dev = std::make_shared<host_page_device>(std::size_t{1} << 30);
   pool_options o;
   if (size > 0) o.growth_slack = (data[0] % 8) / 20.0;
+  if (size > 0) o.growth_chunks = (data[0] & 8) != 0;
   pool_resource pool(dev, nullptr, o);
   struct live { std::uint8_t* p; std::size_t n; stream_t s; std::uint8_t tag; };
   std::vector<live> v;

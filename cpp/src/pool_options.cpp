@@ -114,6 +114,7 @@ void pool_options::parse(const std::string& conf) {
       else if (k == "va_factor") o.va_factor = parse_real(k, v);
       else if (k == "map_ahead") o.map_ahead = parse_size(v);
       else if (k == "chunk_size") o.chunk_size = parse_size(v);
+      else if (k == "growth_chunks") o.growth_chunks = parse_bool(k, v);
       else if (k == "remap") o.remap = parse_bool(k, v);
       else if (k == "wait_to_remap") o.wait_to_remap = parse_bool(k, v);
       else if (k == "defer_unmap") {
@@ -127,7 +128,7 @@ void pool_options::parse(const std::string& conf) {
         throw invalid_argument("VRAMKIT_ALLOC_CONF: unknown key '" + k +
                                "' (known: alignment, page_size, small_threshold, small_segment, large_rounding, "
                                "reserve_limit, release_threshold, growth_slack, remap, wait_to_remap, keep_mappings, "
-                               "map_ahead, chunk_size, va_factor)");
+                               "map_ahead, chunk_size, growth_chunks, va_factor)");
     } catch (const invalid_argument&) {
       throw;
     } catch (const std::exception&) {
@@ -153,7 +154,8 @@ std::string pool_options::to_string() const {
   s += release_threshold == static_cast<std::size_t>(-1) ? std::string("max") : to_string(release_threshold);
   s += ",growth_slack:" + format_fixed(growth_slack, 4) + ",remap:" + (remap ? "true" : "false") +
        ",wait_to_remap:" + (wait_to_remap ? "true" : "false") + ",keep_mappings:" + (keep_mappings ? "true" : "false") +
-       ",map_ahead:" + to_string(map_ahead) + ",chunk_size:" + to_string(chunk_size) + ",va_factor:" + format_fixed(va_factor, 2);
+       ",map_ahead:" + to_string(map_ahead) + ",chunk_size:" + to_string(chunk_size) +
+       ",growth_chunks:" + (growth_chunks ? "true" : "false") + ",va_factor:" + format_fixed(va_factor, 2);
   return s;
 }
 

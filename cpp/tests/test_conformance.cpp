@@ -47,6 +47,12 @@ std::vector<factory> factories() {
                  o.chunk_size = std::size_t{16} << 20;
                  return std::make_shared<pool_resource>(host_dev(), nullptr, o);
                }});
+  f.push_back({"pool_host_growth_chunks", false, [] {
+                 pool_options o;
+                 o.chunk_size = std::size_t{8} << 20;
+                 o.growth_chunks = true;
+                 return std::make_shared<pool_resource>(host_dev(), nullptr, o);
+               }});
   f.push_back({"pool_over_host_resource", false, [] {
                  return std::make_shared<pool_resource>(std::make_shared<page_resource>(host_dev()), nullptr);
                }});

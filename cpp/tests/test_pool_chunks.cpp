@@ -187,10 +187,12 @@ TEST(pool_chunks, trim_to_release_threshold_gives_chunks_back) {
 }
 
 TEST(pool_chunks, random_work_keeps_the_invariants) {
+  for (int growth : {0, 1})
   for (std::size_t chunk : {4 * MiB, 16 * MiB, 20 * MiB}) {
     auto dev = std::make_shared<host_page_device>(8 * GiB);
     pool_options o = chunks(chunk);
     o.reserve_limit = 3 * GiB;
+    o.growth_chunks = growth != 0;
     pool_resource pool(dev, nullptr, o);
     std::mt19937_64 rng(static_cast<unsigned>(chunk >> 20));
     std::vector<std::pair<void*, std::size_t>> live;
@@ -217,6 +219,71 @@ TEST(pool_chunks, random_work_keeps_the_invariants) {
     consistent(pool, *dev);
     EXPECT_EQ(dev->created_bytes(), 0u) << chunk;
     EXPECT_GT(pool.counters().chunks_created, 0u);
+  }
+}
+
+TEST(pool_chunks, growth_chunks_reach_past_a_small_block_into_the_free_memory_after_it) {
+  auto dev = std::make_shared<host_page_device>(4 * GiB);
+  pool_options o = chunks(8 * MiB);
+  o.growth_chunks = true;
+  pool_resource pool(dev, nullptr, o);
+  // 3 MiB at the large arena's start: pages 0..1, inside the chunk place 0..3,
+  // which reaches into the free memory after the block: one chunk there.
+  void* a = pool.allocate(3 * MiB, 0);
+  auto c = pool.counters();
+  EXPECT_EQ(c.chunks_created, 1u);
+  EXPECT_EQ(c.growth_chunks, 1u);
+  EXPECT_EQ(c.pages_created, 4u);
+  consistent(pool, *dev);
+  // The next blocks take the chunk's free part (pages 2..3 hold 5 MiB from
+  // 3 MiB on): nothing made. The one after goes past it: the next chunk.
+  void* b = pool.allocate(4 * MiB, 0);
+  EXPECT_EQ(pool.counters().pages_created, 4u);
+  void* d = pool.allocate(3 * MiB, 0);
+  EXPECT_EQ(pool.counters().chunks_created, 2u);
+  EXPECT_EQ(pool.counters().pages_created, 8u);
+  consistent(pool, *dev);
+  std::memset(a, 1, 3 * MiB);
+  std::memset(b, 2, 4 * MiB);
+  std::memset(d, 3, 3 * MiB);
+  // Without growth_chunks: single pages for blocks smaller than a chunk.
+  auto dev2 = std::make_shared<host_page_device>(4 * GiB);
+  pool_resource plain(dev2, nullptr, chunks(8 * MiB));
+  void* e = plain.allocate(3 * MiB, 0);
+  EXPECT_EQ(plain.counters().chunks_created, 0u);
+  EXPECT_EQ(plain.counters().pages_created, 2u);
+  plain.deallocate(e, 3 * MiB, 0);
+  for (auto [p, n] : {std::pair{a, 3 * MiB}, {b, 4 * MiB}, {d, 3 * MiB}}) pool.deallocate(p, n, 0);
+  pool.release_cached();
+  consistent(pool, *dev);
+  EXPECT_EQ(dev->created_bytes(), 0u);
+}
+
+TEST(pool_chunks, a_failure_after_a_growth_chunk_gives_it_back_and_recounts_its_neighbour) {
+  for (int at : {1, 2}) {
+    auto inner = std::make_shared<host_page_device>(4 * GiB);
+    auto dev = std::make_shared<chunk_device>(inner);
+    pool_options o = chunks(8 * MiB);
+    o.growth_chunks = true;
+    pool_resource pool(dev, nullptr, o);
+    void* keep = pool.allocate(9 * MiB, 0);  // pages 0..4: a chunk over 0..3, page 4 in the next place's chunk
+    consistent(pool, *dev);
+    dev->fail_map_at = dev->maps + at;  // a later chunk's map fails
+    try {
+      void* x = pool.allocate(20 * MiB, 0);
+      pool.deallocate(x, 20 * MiB, 0);
+    } catch (const cuda_error&) {
+    }
+    consistent(pool, *dev);
+    dev->fail_map_at = 0;
+    void* y = pool.allocate(20 * MiB, 0);
+    std::memset(y, 5, 20 * MiB);
+    consistent(pool, *dev);
+    pool.deallocate(y, 20 * MiB, 0);
+    pool.deallocate(keep, 9 * MiB, 0);
+    pool.release_cached();
+    consistent(pool, *dev);
+    EXPECT_EQ(dev->created_bytes(), 0u);
   }
 }
 

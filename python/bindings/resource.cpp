@@ -94,6 +94,7 @@ void bind_resource(nb::module_& m) {
             d["pages_ahead_used"] = c.pages_ahead_used;
             d["chunks_created"] = c.chunks_created;
             d["chunks_released"] = c.chunks_released;
+            d["growth_chunks"] = c.growth_chunks;
             d["page_size"] = p->page_size();
             d["options"] = p->options().to_string();
             return d;

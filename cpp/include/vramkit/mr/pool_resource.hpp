@@ -32,6 +32,7 @@ struct pool_counters {
   std::size_t pages_ahead_used = 0; // map_ahead: of those, pages a block found ready where it was placed
   std::size_t chunks_created = 0;   // chunk_size: chunks made (their pages count in pages_created/mapped)
   std::size_t chunks_released = 0;  // chunk_size: chunks given back (their pages count in pages_destroyed/unmapped)
+  std::size_t growth_chunks = 0;    // growth_chunks: chunks made reaching past their block (in chunks_created)
 };
 
 struct block_info {

@@ -14,6 +14,66 @@
 
 namespace vramkit {
 
+// Whether the pool, now within its growth slack for a block holding need_live
+// live bytes, may grow by one chunk past it (a growth chunk's free part is
+// what the next blocks take: the pool runs at most a chunk ahead).
+bool pool_resource::impl::may_grow_past(std::size_t need_live) const {
+  if (reserved + chunk * page > limit) return false;
+  if (!opt.remap) return true;
+  return static_cast<double>(reserved - held_ahead_bytes()) <=
+         (1.0 + opt.growth_slack) * static_cast<double>(std::max(need_live, peak_live));
+}
+
+// Whether the pool may grow by a whole chunk for a block holding need_live live bytes.
+bool pool_resource::impl::may_grow_by_chunk(std::size_t need_live) const {
+  const std::size_t bytes = chunk * page;
+  if (reserved + bytes > limit) return false;
+  if (!opt.remap) return true;
+  return static_cast<double>(reserved - held_ahead_bytes() + bytes) <=
+         (1.0 + opt.growth_slack) * static_cast<double>(std::max(need_live, peak_live));
+}
+
+// Whether the chunk-aligned place at page c of arena a holds nothing: no page
+// mapped, kept mapped, made ahead, or being made ahead by the helper thread.
+bool pool_resource::impl::empty_chunk_place(const detail::arena* a, std::size_t c) const {
+  if (inflight.active && inflight.a == a && c < inflight.first + inflight.count && inflight.first < c + chunk)
+    return false;
+  for (std::size_t p = c; p < c + chunk; ++p)
+    if (a->mapped(p) || a->ahead(p) || a->phys[p]) return false;
+  return true;
+}
+
+// Creates a chunk and maps it whole at page c of arena a (an empty place);
+// false when the device has no room for one (or makes none).
+bool pool_resource::impl::make_chunk_at(detail::arena* a, std::size_t c) {
+  page_handle h = pages->create_chunk(chunk);
+  if (!h) return false;
+  try {
+    pages->map_chunk(a->base + c * page, h, chunk);
+  } catch (...) {
+    pages->destroy(h);
+    throw;
+  }
+  for (std::size_t p = c; p < c + chunk; ++p) {
+    a->handles[p] = h;
+    a->phys[p] = h;
+    a->set_mapped(p, true);
+    a->set_in_chunk(p, true);
+  }
+  const std::size_t bytes = chunk * page;
+  a->top = std::max(a->top, c + chunk);
+  reserved += bytes;
+  peak_reserved = std::max(peak_reserved, reserved);
+  chunk_pages += chunk;
+  ctr.pages_created += chunk;
+  ctr.pages_mapped += chunk;
+  ++ctr.map_calls;
+  ++ctr.chunks_created;
+  ++st.upstream_allocs;
+  st.upstream_alloc_bytes += bytes;
+  return true;
+}
+
 // Creates and maps chunks over the unmapped chunk-aligned places lying wholly
 // inside [addr, addr+size) of arena a, covering at most `want` pages, while the
 // pool may grow by a whole chunk for a block holding need_live live bytes.
@@ -24,53 +84,59 @@ std::size_t pool_resource::impl::make_chunks(detail::arena* a, std::uintptr_t ad
   if (chunk < 2 || a->chunk_bits.empty() || want < chunk) return 0;
   const std::size_t lo = round_up(addr - a->base, page) / page;
   const std::size_t hi = (addr + size - a->base) / page;
-  const std::size_t bytes = chunk * page;
-  auto may_grow_by_chunk = [&] {
-    if (reserved + bytes > limit) return false;
-    if (!opt.remap) return true;
-    return static_cast<double>(reserved - held_ahead_bytes() + bytes) <=
-           (1.0 + opt.growth_slack) * static_cast<double>(std::max(need_live, peak_live));
-  };
-  auto empty_place = [&](std::size_t c) {
-    if (inflight.active && inflight.a == a && c < inflight.first + inflight.count && inflight.first < c + chunk)
-      return false;  // the helper thread is making pages there
-    for (std::size_t p = c; p < c + chunk; ++p)
-      if (a->mapped(p) || a->ahead(p) || a->phys[p]) return false;
-    return true;
-  };
-  made.reserve(made.size() + want / chunk);  // no allocation once a chunk is made
+  made.reserve(made.size() + want / chunk + 1);  // no allocation once a chunk is made
   std::size_t covered = 0;
   for (std::size_t c = round_up(lo, chunk); c + chunk <= hi && covered + chunk <= want; c += chunk) {
-    if (!empty_place(c)) continue;
-    if (!may_grow_by_chunk()) break;
-    page_handle h = pages->create_chunk(chunk);
-    if (!h) break;  // no room for a whole chunk (or none made): single pages do the rest
-    try {
-      pages->map_chunk(a->base + c * page, h, chunk);
-    } catch (...) {
-      pages->destroy(h);
-      throw;
-    }
-    for (std::size_t p = c; p < c + chunk; ++p) {
-      a->handles[p] = h;
-      a->phys[p] = h;
-      a->set_mapped(p, true);
-      a->set_in_chunk(p, true);
-    }
-    a->top = std::max(a->top, c + chunk);
-    reserved += bytes;
-    peak_reserved = std::max(peak_reserved, reserved);
-    chunk_pages += chunk;
-    ctr.pages_created += chunk;
-    ctr.pages_mapped += chunk;
-    ++ctr.map_calls;
-    ++ctr.chunks_created;
-    ++st.upstream_allocs;
-    st.upstream_alloc_bytes += bytes;
+    if (!empty_chunk_place(a, c)) continue;
+    if (!may_grow_by_chunk(need_live)) break;
+    if (!make_chunk_at(a, c)) break;  // no room for a whole chunk (or none made): single pages do the rest
     made.push_back(c);
     covered += chunk;
   }
   return covered;
+}
+
+// growth_chunks: the chunk-aligned places holding block b's first and last
+// pages, when empty and reaching past b only into the free blocks right before
+// and after it: a chunk in each. The chunk's pages outside b stay in those
+// free blocks, mapped (their counts of unmapped pages are recounted). Returns
+// the pages of b the chunks cover (0: none made).
+std::size_t pool_resource::impl::make_growth_chunk(block* b, std::size_t need_live, std::vector<std::size_t>& made) {
+  detail::arena* a = b->ar;
+  if (chunk < 2 || a->chunk_bits.empty() || a->small) return 0;
+  const std::size_t first = (b->addr - a->base) / page, last = (b->addr + b->size - 1 - a->base) / page;
+  std::size_t covered = 0;
+  bool before = false, after = false;
+  for (std::size_t c : {first / chunk * chunk, last / chunk * chunk}) {
+    if (covered && c == first / chunk * chunk) continue;  // one place holds both ends
+    const std::uintptr_t lo = a->base + c * page, hi = a->base + (c + chunk) * page;
+    const bool out_before = lo < b->addr, out_after = hi > b->addr + b->size;
+    if (!out_before && !out_after) continue;  // wholly inside: make_chunks' place
+    block* p = b->prev;
+    block* n = b->next;
+    if (out_before && !(p && p->state == block::free_state && p->addr <= lo)) continue;
+    if (out_after && !(n && n->state == block::free_state && n->addr + n->size >= hi)) continue;
+    if (!empty_chunk_place(a, c) || !may_grow_past(need_live)) continue;
+    made.reserve(made.size() + 1);
+    if (!make_chunk_at(a, c)) break;
+    made.push_back(c);
+    before |= out_before;
+    after |= out_after;
+    covered += std::min(c + chunk - 1, last) - std::max(c, first) + 1;
+    ++ctr.growth_chunks;
+  }
+  if (before) recount_free(b->prev);
+  if (after) recount_free(b->next);
+  return covered;
+}
+
+// A free block's count of unmapped interior pages, recounted (and the block
+// filed again as backed or hollow, stealable or not).
+void pool_resource::impl::recount_free(block* f) noexcept {
+  const std::uint32_t s = f->slot;
+  slots.remove(f);
+  f->unmapped = unmapped_inside(f->ar, f->addr, f->size);
+  slots.insert(f, s);
 }
 
 // Unmaps and destroys the chunk at page c of arena a (its pages become

@@ -7,9 +7,12 @@
 
 namespace vramkit {
 
-// Maps every unmapped page overlapping [addr, addr+size) of arena a.
-bool pool_resource::impl::back(detail::arena* a, std::uintptr_t addr, std::size_t size, std::size_t need_live,
-                               std::uint32_t slot, std::size_t& newly) {
+// Maps every unmapped page overlapping [b->addr, b->addr+size) of b's arena
+// (b: the block being placed, not free while it is).
+bool pool_resource::impl::back(block* b, std::size_t size, std::size_t need_live, std::uint32_t slot,
+                               std::size_t& newly) {
+  detail::arena* a = b->ar;
+  const std::uintptr_t addr = b->addr;
   std::size_t p0 = (addr - a->base) / page, p1 = (addr + size - 1 - a->base) / page;
   std::size_t n = 0;
   for (std::size_t p = p0; p <= p1; ++p) n += !a->mapped(p);
@@ -48,15 +51,27 @@ bool pool_resource::impl::back(detail::arena* a, std::uintptr_t addr, std::size_
   chunks_made.clear();
   struct give_back_chunks {
     impl* self;
-    detail::arena* a;
-    bool armed;
+    block* b;
+    bool armed, growth;
     ~give_back_chunks() {
-      if (armed) self->undo_chunks(a, chunks_made);
+      if (!armed) return;
+      self->undo_chunks(b->ar, chunks_made);
+      if (!growth) return;
+      if (b->prev && b->prev->state == block::free_state) self->recount_free(b->prev);
+      if (b->next && b->next->state == block::free_state) self->recount_free(b->next);
     }
-  } undo_chunks_guard{this, a, false};
+  } undo_chunks_guard{this, b, false, false};
   if (chunk && !a->small && n >= chunk && n > spare_handles.size()) {
     undo_chunks_guard.armed = true;
     n -= make_chunks(a, addr, size, need_live, n - spare_handles.size(), chunks_made);
+  }
+  // growth_chunks: the block's last pages in a chunk reaching past it (spares
+  // first: they are memory the pool holds already).
+  if (opt.growth_chunks && chunk && !a->small && n > spare_handles.size()) {
+    undo_chunks_guard.armed = true;
+    const std::size_t k = make_growth_chunk(b, need_live, chunks_made);
+    undo_chunks_guard.growth = k > 0;
+    n -= k;
   }
   if (n == 0) {
     undo.armed = false;

@@ -298,7 +298,7 @@ block* pool_resource::impl::try_place(std::size_t size, bool small, std::uint32_
     bool ok = false;
     std::size_t newly = 0;
     try {
-      ok = back(a, b->addr, size, live_bytes + size, slot, newly);
+      ok = back(b, size, live_bytes + size, slot, newly);
     } catch (...) {
       put_back();
       throw;

@@ -129,11 +129,16 @@ struct pool_resource::impl {
   std::size_t make_chunks(detail::arena* a, std::uintptr_t addr, std::size_t size, std::size_t need_live,
                           std::size_t want, std::vector<std::size_t>& made);
   void undo_chunks(detail::arena* a, const std::vector<std::size_t>& made) noexcept;
+  std::size_t make_growth_chunk(block* b, std::size_t need_live, std::vector<std::size_t>& made);
+  void recount_free(block* f) noexcept;
+  bool may_grow_by_chunk(std::size_t need_live) const;
+  bool may_grow_past(std::size_t need_live) const;
+  bool empty_chunk_place(const detail::arena* a, std::size_t c) const;
+  bool make_chunk_at(detail::arena* a, std::size_t c);
   void give_back_chunk(detail::arena* a, std::size_t c) noexcept;
 
   // ---- page mapping (page_mapping.cpp) -----------------------------------
-  bool back(detail::arena* a, std::uintptr_t addr, std::size_t size, std::size_t need_live, std::uint32_t slot,
-            std::size_t& newly);
+  bool back(block* b, std::size_t size, std::size_t need_live, std::uint32_t slot, std::size_t& newly);
   static void return_home(const detail::arena* a, std::size_t p0, std::size_t p1, bool edge0, bool edge1,
                           std::vector<page_handle>& hs);
 
