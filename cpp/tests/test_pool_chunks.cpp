@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <memory>
 #include <random>
 #include <vector>
 
@@ -285,6 +286,58 @@ TEST(pool_chunks, a_failure_after_a_growth_chunk_gives_it_back_and_recounts_its_
     consistent(pool, *dev);
     EXPECT_EQ(dev->created_bytes(), 0u);
   }
+}
+
+// Hundreds of free blocks holding the outer parts of growth chunks (nothing
+// they can give) stand before the ones whose chunks can go back: a trim and a
+// request at the reserve limit still reach those.
+struct straddled {
+  std::shared_ptr<host_page_device> dev;
+  std::unique_ptr<pool_resource> pool;
+  std::vector<void*> small;
+  void* big[2] = {nullptr, nullptr};
+  explicit straddled(bool growth, std::size_t limit = 0) {
+    constexpr std::size_t KiB = 1024;
+    dev = std::make_shared<host_page_device>(GiB, 64 * KiB);
+    pool_options o;
+    o.small_threshold = 4 * KiB;
+    o.small_segment = 64 * KiB;
+    o.large_rounding = 64 * KiB;
+    o.chunk_size = 128 * KiB;
+    o.growth_chunks = growth;
+    o.growth_slack = 0.5;
+    o.reserve_limit = limit;
+    pool = std::make_unique<pool_resource>(dev, nullptr, o);
+    for (int i = 0; i < 700; ++i) small.push_back(pool->allocate(96 * KiB, 0));
+    big[0] = pool->allocate(2 * MiB, 0);
+    small.push_back(pool->allocate(96 * KiB, 0));
+    big[1] = pool->allocate(2 * MiB, 0);
+    small.push_back(pool->allocate(96 * KiB, 0));
+    for (int i = 1; i < 700; i += 2) pool->deallocate(small[i], 96 * KiB, 0);
+    for (void* p : big) pool->deallocate(p, 2 * MiB, 0);
+    pool->check_invariants();
+  }
+};
+
+TEST(pool_chunks, chunks_behind_hundreds_of_straddled_free_blocks_still_go_back) {
+  straddled plain(false), growth(true);
+  ASSERT_GT(growth.pool->counters().growth_chunks, 300u);
+  plain.pool->release_cached();
+  growth.pool->release_cached();
+  consistent(*growth.pool, *growth.dev);
+  // The two freed 2 MiB blocks' chunks went back (and the other chunks wholly
+  // in free memory): no more held than without growth chunks, where the
+  // small blocks' single pages go back instead.
+  EXPECT_GE(growth.pool->counters().chunks_released, 16u);
+  EXPECT_LE(growth.pool->state().reserved_bytes, plain.pool->state().reserved_bytes * 3 / 2);
+  // At a reserve limit equal to what it holds, a 3 MiB request gets the
+  // chunks of the freed blocks.
+  const std::size_t held = straddled(true).pool->state().reserved_bytes;
+  straddled limited(true, held);
+  void* p = limited.pool->allocate(3 * MiB, 0);
+  std::memset(p, 9, 3 * MiB);
+  consistent(*limited.pool, *limited.dev);
+  limited.pool->deallocate(p, 3 * MiB, 0);
 }
 
 TEST(pool_chunks, chunk_size_must_be_pages) {

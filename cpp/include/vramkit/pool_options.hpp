@@ -55,10 +55,11 @@ struct pool_options {
   // 7-26 % faster (docs/BENCHMARKS.md section 5). 0, or at most one page:
   // single pages only.
   std::size_t chunk_size = std::size_t{16} << 20;
-  // With chunks: a block whose last pages lie in an empty chunk-aligned place
-  // that reaches into the free memory after it gets that whole chunk (the
-  // rest of it stays free, mapped), so that growth comes in chunks rather
-  // than in single pages for the blocks smaller than a chunk.
+  // With chunks: where a block's first or last pages lie in an empty
+  // chunk-aligned place that reaches past it only into the free blocks next
+  // to it, that whole chunk is made (the rest of it stays free, mapped), so
+  // that growth comes in chunks rather than in single pages for the blocks
+  // smaller than a chunk.
   bool growth_chunks = false;
   // Virtual address space reserved per arena, as a multiple of the capacity.
   double va_factor = 2.0;

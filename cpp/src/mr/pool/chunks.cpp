@@ -101,16 +101,17 @@ std::size_t pool_resource::impl::make_chunks(detail::arena* a, std::uintptr_t ad
 // and after it: a chunk in each. The chunk's pages outside b stay in those
 // free blocks, mapped (their counts of unmapped pages are recounted). Returns
 // the pages of b the chunks cover (0: none made).
-std::size_t pool_resource::impl::make_growth_chunk(block* b, std::size_t need_live, std::vector<std::size_t>& made) {
+std::size_t pool_resource::impl::make_growth_chunk(block* b, std::size_t size, std::size_t need_live,
+                                                   std::vector<std::size_t>& made) {
   detail::arena* a = b->ar;
   if (chunk < 2 || a->chunk_bits.empty() || a->small) return 0;
-  const std::size_t first = (b->addr - a->base) / page, last = (b->addr + b->size - 1 - a->base) / page;
+  const std::size_t first = (b->addr - a->base) / page, last = (b->addr + size - 1 - a->base) / page;
   std::size_t covered = 0;
   bool before = false, after = false;
   for (std::size_t c : {first / chunk * chunk, last / chunk * chunk}) {
     if (covered && c == first / chunk * chunk) continue;  // one place holds both ends
     const std::uintptr_t lo = a->base + c * page, hi = a->base + (c + chunk) * page;
-    const bool out_before = lo < b->addr, out_after = hi > b->addr + b->size;
+    const bool out_before = lo < b->addr, out_after = hi > b->addr + size;
     if (!out_before && !out_after) continue;  // wholly inside: make_chunks' place
     block* p = b->prev;
     block* n = b->next;

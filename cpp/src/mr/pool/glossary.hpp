@@ -73,7 +73,8 @@
 //   chunk        (chunk_size) One physical handle over `chunk` pages of the
 //                large arena, at a multiple of `chunk`, mapped whole (the
 //                driver maps a handle only from its start and only all of it).
-//                Made where a block's interior grows over whole chunk places;
+//                Made where a block's interior grows over whole chunk places
+//                (growth_chunks: also at its ends, reaching into free neighbours);
 //                never moved or stolen page by page: when memory must move, a
 //                chunk lying wholly inside a free block is given back instead
 //                (its room lets single pages be made), and trim gives chunks

@@ -65,11 +65,11 @@ bool pool_resource::impl::back(block* b, std::size_t size, std::size_t need_live
     undo_chunks_guard.armed = true;
     n -= make_chunks(a, addr, size, need_live, n - spare_handles.size(), chunks_made);
   }
-  // growth_chunks: the block's last pages in a chunk reaching past it (spares
-  // first: they are memory the pool holds already).
+  // growth_chunks: the places at the block's ends in chunks reaching past it
+  // into free neighbours (spares first: they are memory the pool holds already).
   if (opt.growth_chunks && chunk && !a->small && n > spare_handles.size()) {
     undo_chunks_guard.armed = true;
-    const std::size_t k = make_growth_chunk(b, need_live, chunks_made);
+    const std::size_t k = make_growth_chunk(b, size, need_live, chunks_made);
     undo_chunks_guard.growth = k > 0;
     n -= k;
   }

@@ -88,11 +88,16 @@ std::size_t pool_resource::impl::steal(std::uint32_t slot, std::size_t want, std
   } else {
     // With chunks, a free block whose mapped pages all belong to chunks
     // reaching outside it has nothing to give: only blocks that have are
-    // ranked (and a bounded number of the others passed over).
+    // ranked (and a bounded number of the others passed over; with
+    // growth_chunks, whose free neighbours hold such parts by the hundred,
+    // as many as there are, so that trims and requests at the limit still
+    // find the chunks they can give back).
     b = nullptr;
     std::size_t least = 0, blo = 0, bhi = 0, bp = 0;
-    int ranked = 0, passed = 0;
-    for (block* c = s.steal_head; c && ranked < steal_scan && passed < 8 * steal_scan; c = c->snext) {
+    int ranked = 0;
+    std::size_t passed = 0;
+    const std::size_t pass_limit = opt.growth_chunks ? SIZE_MAX : 8 * steal_scan;
+    for (block* c = s.steal_head; c && ranked < steal_scan && passed < pass_limit; c = c->snext) {
       if (!try_block(c)) {
         ++passed;
         continue;

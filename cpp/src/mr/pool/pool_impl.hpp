@@ -129,7 +129,7 @@ struct pool_resource::impl {
   std::size_t make_chunks(detail::arena* a, std::uintptr_t addr, std::size_t size, std::size_t need_live,
                           std::size_t want, std::vector<std::size_t>& made);
   void undo_chunks(detail::arena* a, const std::vector<std::size_t>& made) noexcept;
-  std::size_t make_growth_chunk(block* b, std::size_t need_live, std::vector<std::size_t>& made);
+  std::size_t make_growth_chunk(block* b, std::size_t size, std::size_t need_live, std::vector<std::size_t>& made);
   void recount_free(block* f) noexcept;
   bool may_grow_by_chunk(std::size_t need_live) const;
   bool may_grow_past(std::size_t need_live) const;
