@@ -52,6 +52,19 @@ void consistent(const pool_resource& pool, const page_device& dev) {
   pool.check_invariants();
   EXPECT_EQ(pool.state().reserved_bytes, dev.created_bytes());
 }
+
+// After a failure the pool goes on: a request of `bytes` gets its memory,
+// then that and `keep` are freed and everything goes back to the device.
+void goes_on(pool_resource& pool, const page_device& dev, std::size_t bytes, void* keep, std::size_t keep_bytes) {
+  void* p = pool.allocate(bytes, 0);
+  std::memset(p, 7, bytes);
+  consistent(pool, dev);
+  pool.deallocate(p, bytes, 0);
+  pool.deallocate(keep, keep_bytes, 0);
+  pool.release_cached();
+  consistent(pool, dev);
+  EXPECT_EQ(dev.created_bytes(), 0u);
+}
 }  // namespace
 
 TEST(pool_chunks, bulk_growth_comes_in_chunks_and_single_pages_for_the_rest) {
@@ -144,14 +157,7 @@ TEST(pool_chunks, a_failing_chunk_call_loses_nothing) {
       EXPECT_THROW(pool.allocate(64 * MiB, 0), cuda_error);
       consistent(pool, *dev);
       EXPECT_EQ(pool.usage().in_chunks, 0u);  // the chunks made before the failure went back
-      // The pool goes on: the next request gets its memory.
-      void* a = pool.allocate(64 * MiB, 0);
-      std::memset(a, 7, 64 * MiB);
-      consistent(pool, *dev);
-      pool.deallocate(a, 64 * MiB, 0);
-      pool.deallocate(keep, 4 * MiB, 0);
-      pool.release_cached();
-      EXPECT_EQ(dev->created_bytes(), 0u);
+      goes_on(pool, *dev, 64 * MiB, keep, 4 * MiB);
     }
   }
 }
@@ -277,14 +283,7 @@ TEST(pool_chunks, a_failure_after_a_growth_chunk_gives_it_back_and_recounts_its_
     }
     consistent(pool, *dev);
     dev->fail_map_at = 0;
-    void* y = pool.allocate(20 * MiB, 0);
-    std::memset(y, 5, 20 * MiB);
-    consistent(pool, *dev);
-    pool.deallocate(y, 20 * MiB, 0);
-    pool.deallocate(keep, 9 * MiB, 0);
-    pool.release_cached();
-    consistent(pool, *dev);
-    EXPECT_EQ(dev->created_bytes(), 0u);
+    goes_on(pool, *dev, 20 * MiB, keep, 9 * MiB);
   }
 }
 
