@@ -14,25 +14,6 @@
 
 namespace vramkit {
 
-// Whether the pool, now within its growth slack for a block holding need_live
-// live bytes, may grow by one chunk past it (a growth chunk's free part is
-// what the next blocks take: the pool runs at most a chunk ahead).
-bool pool_resource::impl::may_grow_past(std::size_t need_live) const {
-  if (reserved + chunk * page > limit) return false;
-  if (!opt.remap) return true;
-  return static_cast<double>(reserved - held_ahead_bytes()) <=
-         (1.0 + opt.growth_slack) * static_cast<double>(std::max(need_live, peak_live));
-}
-
-// Whether the pool may grow by a whole chunk for a block holding need_live live bytes.
-bool pool_resource::impl::may_grow_by_chunk(std::size_t need_live) const {
-  const std::size_t bytes = chunk * page;
-  if (reserved + bytes > limit) return false;
-  if (!opt.remap) return true;
-  return static_cast<double>(reserved - held_ahead_bytes() + bytes) <=
-         (1.0 + opt.growth_slack) * static_cast<double>(std::max(need_live, peak_live));
-}
-
 // Whether the chunk-aligned place at page c of arena a holds nothing: no page
 // mapped, kept mapped, made ahead, or being made ahead by the helper thread.
 bool pool_resource::impl::empty_chunk_place(const detail::arena* a, std::size_t c) const {
@@ -88,7 +69,7 @@ std::size_t pool_resource::impl::make_chunks(detail::arena* a, std::uintptr_t ad
   std::size_t covered = 0;
   for (std::size_t c = round_up(lo, chunk); c + chunk <= hi && covered + chunk <= want; c += chunk) {
     if (!empty_chunk_place(a, c)) continue;
-    if (!may_grow_by_chunk(need_live)) break;
+    if (!may_grow_by(chunk * page, chunk * page, need_live)) break;
     if (!make_chunk_at(a, c)) break;  // no room for a whole chunk (or none made): single pages do the rest
     made.push_back(c);
     covered += chunk;
@@ -117,7 +98,7 @@ std::size_t pool_resource::impl::make_growth_chunk(block* b, std::size_t size, s
     block* n = b->next;
     if (out_before && !(p && p->state == block::free_state && p->addr <= lo)) continue;
     if (out_after && !(n && n->state == block::free_state && n->addr + n->size >= hi)) continue;
-    if (!empty_chunk_place(a, c) || !may_grow_past(need_live)) continue;
+    if (!empty_chunk_place(a, c) || !may_grow_by(chunk * page, 0, need_live)) continue;
     made.reserve(made.size() + 1);
     if (!make_chunk_at(a, c)) break;
     made.push_back(c);

@@ -11,15 +11,17 @@
 
 namespace vramkit {
 
-// Whether a new page may be created before any free page is moved: within the
-// reserve limit and, when remapping, within growth_slack of the live peak
-// (a block about to hold need_live bytes counts), so the pool reuses its own
-// free pages rather than grow with every new shape of request.
-bool pool_resource::impl::may_grow(std::size_t need_live) const {
-  if (reserved + page > limit) return false;
+// Whether the pool may grow by `bytes` before any free page is moved: within
+// the reserve limit and, when remapping, with `counted` of them within
+// growth_slack of the live peak (a block about to hold need_live bytes
+// counts), so the pool reuses its own free pages rather than grow with every
+// new shape of request. A new page counts whole; a growth chunk not at all
+// (growth_chunks: the pool, within its slack, runs at most a chunk ahead).
+bool pool_resource::impl::may_grow_by(std::size_t bytes, std::size_t counted, std::size_t need_live) const {
+  if (reserved + bytes > limit) return false;
   if (!opt.remap) return true;
   // Pages made ahead (map_ahead) are a bounded extra, not growth.
-  return static_cast<double>(reserved - held_ahead_bytes() + page) <=
+  return static_cast<double>(reserved - held_ahead_bytes() + counted) <=
          (1.0 + opt.growth_slack) * static_cast<double>(std::max(need_live, peak_live));
 }
 
@@ -88,20 +90,15 @@ std::size_t pool_resource::impl::steal(std::uint32_t slot, std::size_t want, std
   } else {
     // With chunks, a free block whose mapped pages all belong to chunks
     // reaching outside it has nothing to give: only blocks that have are
-    // ranked (and a bounded number of the others passed over; with
-    // growth_chunks, whose free neighbours hold such parts by the hundred,
-    // as many as there are, so that trims and requests at the limit still
-    // find the chunks they can give back).
+    // ranked, and all the others are passed over, however many, so that trims
+    // and requests at the limit find the chunks that can go back (free blocks
+    // holding parts of chunks under live blocks come by the hundred with
+    // growth_chunks, and may come so with any placement).
     b = nullptr;
     std::size_t least = 0, blo = 0, bhi = 0, bp = 0;
     int ranked = 0;
-    std::size_t passed = 0;
-    const std::size_t pass_limit = opt.growth_chunks ? SIZE_MAX : 8 * steal_scan;
-    for (block* c = s.steal_head; c && ranked < steal_scan && passed < pass_limit; c = c->snext) {
-      if (!try_block(c)) {
-        ++passed;
-        continue;
-      }
+    for (block* c = s.steal_head; c && ranked < steal_scan; c = c->snext) {
+      if (!try_block(c)) continue;
       ++ranked;
       std::size_t m = interior_pages(c) - c->unmapped;
       if (!b || m < least) {
@@ -220,7 +217,7 @@ bool pool_resource::impl::acquire_some(std::size_t n, std::size_t need_live, std
       spare_handles.pop_back();
       continue;
     }
-    if (may_grow(need_live) || (room && reserved + page <= limit)) {
+    if (may_grow_by(page, page, need_live) || (room && reserved + page <= limit)) {
       if (page_handle h = create_page()) {
         if (room) --room;
         out.push_back(h);

@@ -117,7 +117,7 @@ struct pool_resource::impl {
 
   // ---- page supply (page_supply.cpp) -------------------------------------
   static constexpr int steal_scan = 32;
-  bool may_grow(std::size_t need_live) const;
+  bool may_grow_by(std::size_t bytes, std::size_t counted, std::size_t need_live) const;
   page_handle create_page();
   std::size_t steal(std::uint32_t slot, std::size_t want, std::vector<page_handle>& out);
   bool acquire(std::size_t n, std::size_t need_live, std::uint32_t slot, std::vector<page_handle>& out);
@@ -131,8 +131,6 @@ struct pool_resource::impl {
   void undo_chunks(detail::arena* a, const std::vector<std::size_t>& made) noexcept;
   std::size_t make_growth_chunk(block* b, std::size_t size, std::size_t need_live, std::vector<std::size_t>& made);
   void recount_free(block* f) noexcept;
-  bool may_grow_by_chunk(std::size_t need_live) const;
-  bool may_grow_past(std::size_t need_live) const;
   bool empty_chunk_place(const detail::arena* a, std::size_t c) const;
   bool make_chunk_at(detail::arena* a, std::size_t c);
   void give_back_chunk(detail::arena* a, std::size_t c) noexcept;
