@@ -61,17 +61,21 @@ struct null_pages : vramkit::page_device {
 // before still covered them: the unmaps a pool taking pages without waiting for the GPU would
 // have to delay or wait for, were the GPU L operations behind. A wrapper around the page device
 // tracks which addresses are mapped; the replay loop stamps each freed block's pages.
+// Under VKLAG the same wrapper checks the pool: `unsafe` counts the pages it unmapped (or mapped
+// over) while the lagging GPU was not yet past the last free over them (no jitter: an event's lag is L).
 struct hazard_pages : vramkit::page_device {
   std::shared_ptr<vramkit::page_device> in;
   std::vector<std::size_t> lags, hits;
   std::unordered_map<std::uintptr_t, std::size_t> last_free;  // page address -> op of the last free over it
   std::unordered_set<std::uintptr_t> mapped;
-  std::size_t now = 0, unmaps = 0;
+  std::size_t now = 0, unmaps = 0, unsafe = 0;
+  const lag_streams* model = nullptr;
   void touch(std::uintptr_t va) {
     ++unmaps;
     auto it = last_free.find(va);
     if (it == last_free.end()) return;
     for (std::size_t i = 0; i < lags.size(); ++i) hits[i] += now - it->second < lags[i];
+    if (model && model->now < it->second + model->lag && model->caught_up < it->second) ++unsafe;
   }
   void freed(std::uintptr_t addr, std::size_t bytes) {
     const std::size_t g = in->granularity();
@@ -141,6 +145,13 @@ int main(int argc, char** argv) {
   }
   auto lag = std::make_shared<lag_streams>();
   lag->lag = std::getenv("VKLAG") ? std::strtoull(std::getenv("VKLAG"), nullptr, 10) : 0;
+  std::shared_ptr<hazard_pages> check;  // VKLAG without jitter: no unmap under work the GPU has not done
+  if (std::getenv("VKLAG") && !std::getenv("VKJITTER") && !hz) {
+    check = std::make_shared<hazard_pages>();
+    check->in = dev;
+    check->model = lag.get();
+    dev = check;
+  }
   if (const char* j = std::getenv("VKJITTER")) {
     lag->jitter = true;
     lag->rng.seed(std::strtoull(j, nullptr, 10));
@@ -161,6 +172,7 @@ int main(int argc, char** argv) {
           peak_live = std::max(peak_live, live);
         } else {
           live -= pool.allocation_size(ptr[t.id]);
+          if (check) check->freed(reinterpret_cast<std::uintptr_t>(ptr[t.id]), pool.allocation_size(ptr[t.id]));
           pool.deallocate(ptr[t.id], 0, t.stream);
         }
       }
@@ -179,15 +191,16 @@ int main(int argc, char** argv) {
                    h_destroyed = static_cast<double>(destroyed - cr * per_chunk + cr);
       const double driver_ms = (8.7 * h_created + 29.25 * h_mapped + 19.3 * h_unmapped + 13.1 * h_destroyed) / 1000.0;
       std::printf("pass %d: created %zu mapped %zu unmapped %zu remapped %zu reused %zu destroyed %zu reserved %zu MiB "
-                  "waits %zu chunks %zu/%zu driver_ms %.1f\n", pass,
+                  "waits %zu chunks %zu/%zu early %zu/%zu driver_ms %.1f\n", pass,
                   created, mapped, unmapped, c1.pages_remapped - c0.pages_remapped,
                   c1.mappings_reused - c0.mappings_reused, destroyed, pool.state().reserved_bytes >> 20,
-                  lag->waits - waits0, cc, cr, driver_ms);
+                  lag->waits - waits0, cc, cr, c1.pages_taken_early - c0.pages_taken_early,
+                  c1.early_waits - c0.early_waits, driver_ms);
     }
     auto c = pool.counters();
-    std::printf("lag %zu: peak_reserved/peak_live %.4f waits %zu remapped %zu reclaims %zu\n",
+    std::printf("lag %zu: peak_reserved/peak_live %.4f waits %zu remapped %zu reclaims %zu%s\n",
                 lag->lag, double(pool.state().peak_reserved_bytes) / double(peak_live), lag->waits, c.pages_remapped,
-                c.stream_reclaims);
+                c.stream_reclaims, check ? (" unsafe_unmaps " + std::to_string(check->unsafe)).c_str() : "");
     pool.check_invariants();
     return 0;
   }
