@@ -1,8 +1,10 @@
 // libFuzzer target: the input is a sequence of pool operations (allocate
 // with size and stream, free, record_stream, release, limit). After each one
 // the pool's invariants must hold; data written at allocation must survive.
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <vector>
 
 #include "vramkit/mr/pool_resource.hpp"
@@ -10,12 +12,34 @@
 
 using namespace vramkit;
 
+namespace {
+// A GPU `lag` operations behind the host: an event completes that many
+// operations after it was recorded, or once waited for.
+struct lagging_events final : stream_ops {
+  std::uint64_t now = 0, lag = 0, caught_up = 0;
+  std::vector<std::uint64_t> at;
+  event_id record(stream_t) override {
+    at.push_back(now);
+    return at.size();
+  }
+  bool done(event_id e) override { return at[e - 1] + lag <= now || at[e - 1] <= caught_up; }
+  void wait(event_id e) override { caught_up = std::max(caught_up, at[e - 1]); }
+  void release(event_id) noexcept override {}
+};
+}  // namespace
+
 extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size) {
   auto dev = std::make_shared<host_page_device>(std::size_t{1} << 30);
   pool_options o;
+  std::shared_ptr<lagging_events> gpu;
   if (size > 0) o.growth_slack = (data[0] % 8) / 20.0;
   if (size > 0) o.growth_chunks = (data[0] & 8) != 0;
-  pool_resource pool(dev, nullptr, o);
+  if (size > 0 && (data[0] & 16)) {  // a GPU behind the host, 0-21 operations
+    gpu = std::make_shared<lagging_events>();
+    gpu->lag = (data[0] >> 6) * 7;
+    o.remap_own = (data[0] & 32) != 0;
+  }
+  pool_resource pool(dev, gpu, o);
   struct live { std::uint8_t* p; std::size_t n; stream_t s; std::uint8_t tag; };
   std::vector<live> v;
   std::size_t i = 1;
@@ -25,6 +49,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     return x;
   };
   while (i < size) {
+    if (gpu) ++gpu->now;
     std::uint8_t op = static_cast<std::uint8_t>(next(1)) % 6;
     if (op <= 2) {
       std::size_t n = next(3) << (next(1) % 8);  // up to ~2 GiB: some fail

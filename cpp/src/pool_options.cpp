@@ -76,6 +76,9 @@ void pool_options::validate() const {
     throw invalid_argument("small_segment and large_rounding must be at least the alignment");
   if (!(growth_slack >= 0 && growth_slack <= 100))
     throw invalid_argument("growth_slack " + format_fixed(growth_slack, 4) + " must be between 0 and 100");
+  if (remap_own && !keep_mappings)
+    throw invalid_argument("remap_own needs keep_mappings: a page taken before its stream's work is done keeps "
+                           "its old mapping until that work completes");
   if (!(va_factor >= 1 && va_factor <= 64))
     throw invalid_argument("va_factor " + format_fixed(va_factor, 2) + " must be between 1 and 64");
 }
@@ -124,10 +127,11 @@ void pool_options::parse(const std::string& conf) {
               "VRAMKIT_ALLOC_CONF: defer_unmap was removed: wait_to_remap:true gives as little "
               "memory at a smaller cost in time");
       } else if (k == "keep_mappings") o.keep_mappings = parse_bool(k, v);
+      else if (k == "remap_own") o.remap_own = parse_bool(k, v);
       else
         throw invalid_argument("VRAMKIT_ALLOC_CONF: unknown key '" + k +
                                "' (known: alignment, page_size, small_threshold, small_segment, large_rounding, "
-                               "reserve_limit, release_threshold, growth_slack, remap, wait_to_remap, keep_mappings, "
+                               "reserve_limit, release_threshold, growth_slack, remap, wait_to_remap, keep_mappings, remap_own, "
                                "map_ahead, chunk_size, growth_chunks, va_factor)");
     } catch (const invalid_argument&) {
       throw;
@@ -154,6 +158,7 @@ std::string pool_options::to_string() const {
   s += release_threshold == static_cast<std::size_t>(-1) ? std::string("max") : to_string(release_threshold);
   s += ",growth_slack:" + format_fixed(growth_slack, 4) + ",remap:" + (remap ? "true" : "false") +
        ",wait_to_remap:" + (wait_to_remap ? "true" : "false") + ",keep_mappings:" + (keep_mappings ? "true" : "false") +
+       ",remap_own:" + (remap_own ? "true" : "false") +
        ",map_ahead:" + to_string(map_ahead) + ",chunk_size:" + to_string(chunk_size) +
        ",growth_chunks:" + (growth_chunks ? "true" : "false") + ",va_factor:" + format_fixed(va_factor, 2);
   return s;

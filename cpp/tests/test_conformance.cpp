@@ -85,6 +85,11 @@ std::vector<factory> factories() {
                  o.growth_chunks = true;
                  return std::make_shared<pool_resource>(cuda::make_vmm_device(0), cuda::make_stream_ops(0), o);
                }});
+  f.push_back({"pool_vmm_remap_own", true, [] {
+                 pool_options o;
+                 o.remap_own = true;
+                 return std::make_shared<pool_resource>(cuda::make_vmm_device(0), cuda::make_stream_ops(0), o);
+               }});
   f.push_back({"pool_vmm_chunks_map_ahead", true, [] {
                  pool_options o;
                  o.chunk_size = std::size_t{16} << 20;

@@ -76,3 +76,23 @@ TEST(Parsing, RemovedDeferUnmapIsRefusedWhenAskedForAndIgnoredWhenOff) {
   EXPECT_DOUBLE_EQ(o.growth_slack, 0.03);  // nothing changed
   EXPECT_EQ(o.to_string().find("defer_unmap"), std::string::npos);
 }
+
+TEST(Parsing, RemapOwnNeedsKeptMappings) {
+  pool_options o;
+  o.parse("remap_own:true");
+  EXPECT_TRUE(o.remap_own);
+  EXPECT_NE(o.to_string().find("remap_own:true"), std::string::npos);
+  pool_options back;
+  back.parse(o.to_string());  // what it prints parses back
+  EXPECT_TRUE(back.remap_own);
+  try {
+    o.parse("keep_mappings:false");
+    FAIL() << "remap_own without keep_mappings was accepted";
+  } catch (const invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("keep_mappings"), std::string::npos) << e.what();
+  }
+  EXPECT_TRUE(o.keep_mappings);  // nothing changed
+  o.parse("remap_own:false,keep_mappings:false");
+  EXPECT_FALSE(o.keep_mappings);
+  EXPECT_THROW(o.parse("remap_own:maybe"), invalid_argument);
+}

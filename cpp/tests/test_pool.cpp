@@ -402,6 +402,78 @@ TEST(pool, wait_to_remap_waits_for_the_stream_instead_of_growing) {
   }
 }
 
+// remap_own, with a GPU that never finishes anything unless waited for: a
+// request past the slack takes the pages its own stream freed without
+// waiting, and their old addresses stay mapped. Another stream cannot have
+// them. When blocks go back over those old addresses while the work there
+// may still run, the pool waits for it first, once.
+TEST(pool, remap_own_takes_its_streams_frees_at_once_and_waits_only_to_unmap_their_old_addresses) {
+  struct stuck_gpu : stream_ops {
+    event_id recorded = 0, completed = 0;
+    int waits = 0;
+    event_id record(stream_t) override { return ++recorded; }
+    bool done(event_id e) override { return e <= completed; }
+    void wait(event_id e) override {
+      completed = std::max(completed, e);
+      ++waits;
+    }
+    void release(event_id) noexcept override {}
+  };
+  for (bool own : {false, true}) {
+    SCOPED_TRACE(own ? "remap_own" : "default");
+    auto ev = std::make_shared<stuck_gpu>();
+    pool_options o;
+    o.chunk_size = 0;
+    o.remap_own = own;
+    pool_resource pool(std::make_shared<host_page_device>(64 * GiB), ev, o);
+    const stream_t s = 0x10, other = 0x20;
+    std::vector<void*> v;
+    for (int i = 0; i < 32; ++i) v.push_back(pool.allocate(8 * MiB, s));
+    for (int i = 0; i < 32; i += 2) pool.deallocate_checked(v[i], 0, s);  // 128 MiB in 8 MiB holes
+    const std::size_t before = pool.state().reserved_bytes;
+    void* big = pool.allocate(120 * MiB, s);  // fits no hole
+    const std::size_t grown = pool.state().reserved_bytes - before;
+    EXPECT_EQ(ev->waits, 0) << "waited for the stream";
+    const pool_counters k = pool.counters();
+    if (own) {
+      EXPECT_LE(grown, 8 * MiB) << "the stream's own frees were there, yet the pool grew by " << grown;
+      EXPECT_GE(k.pages_taken_early, 56u);
+      EXPECT_EQ(k.pages_unmapped, 0u) << "an address was unmapped under work that may still run";
+    } else {
+      EXPECT_GE(grown, 100 * MiB);
+      EXPECT_EQ(k.pages_taken_early, 0u);
+    }
+    pool.check_invariants();
+    // Another stream: none of those pages, no wait.
+    const std::size_t before_other = pool.state().reserved_bytes;
+    void* theirs = pool.allocate(64 * MiB, other);
+    EXPECT_GE(pool.state().reserved_bytes - before_other, 64 * MiB);
+    EXPECT_EQ(pool.counters().pages_taken_early, k.pages_taken_early);
+    EXPECT_EQ(ev->waits, 0);
+    pool.check_invariants();
+    // Blocks of the stream back into the holes: their old mappings go only
+    // once the work that freed them is done (waited for once, here).
+    std::vector<void*> again;
+    for (int i = 0; i < 16; ++i) again.push_back(pool.allocate(8 * MiB, s));
+    pool.check_invariants();
+    if (own) {
+      EXPECT_EQ(pool.counters().early_waits, 1u);
+      EXPECT_EQ(ev->waits, 1);
+    } else {
+      EXPECT_EQ(pool.counters().early_waits, 0u);
+    }
+    ev->completed = ev->recorded;
+    for (void* p : again) pool.deallocate_checked(p, 0, s);
+    pool.deallocate_checked(theirs, 0, other);
+    pool.deallocate_checked(big, 0, s);
+    for (int i = 1; i < 32; i += 2) pool.deallocate_checked(v[i], 0, s);
+    pool.check_invariants();
+    pool.release_cached();
+    EXPECT_EQ(pool.state().reserved_bytes, 0u);
+    pool.check_invariants();
+  }
+}
+
 // A GPU that runs behind the host but keeps moving: the event a reclaim
 // records when pages are needed is not done yet, but the progress events the
 // pool recorded at earlier frees are. The pages of blocks freed before the

@@ -220,9 +220,10 @@ struct config {
   double growth_slack;
   bool keep_mappings = true;
   std::size_t chunk = 0;  // pages per chunk (0: the device makes none)
+  bool remap_own = false;
 };
 
-void run(const config& c, std::uint64_t seed, int iters) {
+void run(const config& c, std::uint64_t seed, int iters, pool_counters* out = nullptr) {
   world w;
   w.rng.seed(seed);
   w.nstreams = c.nstreams;
@@ -235,6 +236,7 @@ void run(const config& c, std::uint64_t seed, int iters) {
   o.wait_to_remap = w.rnd(4) == 0;
   o.growth_slack = c.growth_slack;
   o.keep_mappings = c.keep_mappings;
+  o.remap_own = c.remap_own;
   if (c.chunk) o.chunk_size = c.chunk * PG;
   struct held {
     std::uintptr_t p;
@@ -296,6 +298,7 @@ void run(const config& c, std::uint64_t seed, int iters) {
     }
     for (auto& b : live) pool.deallocate_checked(reinterpret_cast<void*>(b.p), 0, b.s);
     final_counters = pool.counters();
+    if (out) *out = final_counters;
     final_peak = pool.state().peak_reserved_bytes;
     // A program destroys a pool only after its work is done (the destructor does not wait).
     std::copy(w.queued, w.queued + 8, w.completed);
@@ -306,10 +309,11 @@ void run(const config& c, std::uint64_t seed, int iters) {
                                               std::to_string(final_counters.chunks_created) + "/" +
                                               std::to_string(final_counters.chunks_released)
                                         : "";
-    std::printf("digest streams %d progress %d faults %d slack %.2f keep %d%s seed %llu: addrs %016llx "
+    std::printf("digest streams %d progress %d faults %d slack %.2f keep %d%s%s seed %llu: addrs %016llx "
                 "peak_reserved %zu created %zu destroyed %zu mapped %zu unmapped %zu remapped %zu reused %zu "
                 "map_calls %zu reclaims %zu\n",
                 c.nstreams, c.progress, c.fault_every, c.growth_slack, int{c.keep_mappings}, chunked.c_str(),
+                c.remap_own ? " remap_own" : "",
                 static_cast<unsigned long long>(seed), static_cast<unsigned long long>(digest), final_peak,
                 k.pages_created, k.pages_destroyed, k.pages_mapped, k.pages_unmapped, k.pages_remapped,
                 k.mappings_reused, k.map_calls, k.stream_reclaims);
@@ -335,6 +339,9 @@ TEST(pool_streams, lagging_gpu_queues_faults_and_physical_pages) {
       {2, 3, 7, 0.0},  {3, 2, 7, 0.02, false}, {2, 3, 7, 0.0, false},
       // Chunks of 4 and 8 pages, with and without faults and kept mappings.
       {3, 2, 0, 0.02, true, 4}, {2, 3, 7, 0.0, true, 4}, {1, 0, 23, 0.02, true, 8}, {3, 2, 7, 0.02, false, 4},
+      // remap_own: pages taken from a stream's own frees before its work is done.
+      {3, 2, 7, 0.02, true, 0, true}, {2, 0, 0, 0.0, true, 0, true}, {1, 3, 23, 0.0, true, 0, true},
+      {3, 2, 7, 0.02, true, 4, true}, {2, 0, 7, 0.0, true, 8, true},
   };
   // Seeds 32 and 37 once found a page given back while an old address of it
   // was still mapped.
@@ -347,13 +354,23 @@ TEST(pool_streams, lagging_gpu_queues_faults_and_physical_pages) {
     seeds.clear();
     for (std::uint64_t i = 1; i <= std::strtoull(n, nullptr, 10); ++i) seeds.push_back(i);
   }
+  std::size_t early = 0, early_waits = 0;  // remap_own configs must take pages early, and wait
   for (const config& c : configs)
     for (std::uint64_t seed : seeds) {
       SCOPED_TRACE(testing::Message() << "streams " << c.nstreams << ", progress " << c.progress << ", faults every "
                                       << c.fault_every << ", growth_slack "
                                       << c.growth_slack << ", keep_mappings " << c.keep_mappings << ", chunk " << c.chunk
-                                      << ", seed " << seed);
-      run(c, seed, 10000);
+                                      << ", remap_own " << c.remap_own << ", seed " << seed);
+      pool_counters k;
+      run(c, seed, 10000, &k);
       if (HasFatalFailure()) return;
+      if (c.remap_own) {
+        early += k.pages_taken_early;
+        early_waits += k.early_waits;
+      } else {
+        EXPECT_EQ(k.pages_taken_early + k.early_waits, 0u);
+      }
     }
+  EXPECT_GT(early, 100u) << "the remap_own runs took (almost) no page early: they test nothing";
+  EXPECT_GT(early_waits, 0u) << "no old address of a page taken early was ever needed before its work was done";
 }

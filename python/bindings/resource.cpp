@@ -95,6 +95,8 @@ void bind_resource(nb::module_& m) {
             d["chunks_created"] = c.chunks_created;
             d["chunks_released"] = c.chunks_released;
             d["growth_chunks"] = c.growth_chunks;
+            d["pages_taken_early"] = c.pages_taken_early;
+            d["early_waits"] = c.early_waits;
             d["page_size"] = p->page_size();
             d["options"] = p->options().to_string();
             return d;

@@ -38,6 +38,15 @@ struct pool_options {
   // or the page is given back. When the page later returns to that address,
   // as it does in every step of a repeating workload, no map call is made.
   bool keep_mappings = true;
+  // With keep_mappings: before growing past the slack, take pages from the
+  // requesting stream's own free blocks at once, without waiting for its
+  // queued work. Work queued later on that stream runs after the work that
+  // used them, so their new owner is safe; their old addresses stay mapped
+  // (kept mappings) until an event recorded when they were taken completes,
+  // and the pool waits for that event only if it must unmap one sooner. When
+  // the GPU runs behind the host, the pool then moves pages as it would with
+  // the GPU in step, instead of growing.
+  bool remap_own = false;
   // While the pool grows, a helper thread keeps new pages created and mapped
   // just past the large arena's highest page in use, so that the next blocks find
   // their pages ready and the driver's calls run off the allocating thread:

@@ -61,6 +61,7 @@ void pool_resource::impl::init_paged() {
     a->ahead_bits.assign((np + 63) / 64, 0);
     a->phys.assign(np, 0);
     if (chunk > 1 && !small) a->chunk_bits.assign((np + 63) / 64, 0);
+    if (opt.remap_own) a->early.assign(np, 0);
     block* b = blocks.make();
     b->addr = a->base;
     b->size = va;
@@ -91,6 +92,8 @@ pool_resource::impl::~impl() {
   }
   for (block* b : pending)
     for (event_id e : b->events) streams->release(e);
+  for (std::size_t m = 1; m < early.size(); ++m)
+    if (!early[m].done) streams->release(early[m].e);
   // Every mapping goes before any page is destroyed: a page in use in one
   // arena may keep a stale mapping in the other.
   for (auto* a : arenas)

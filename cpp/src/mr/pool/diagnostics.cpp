@@ -137,6 +137,30 @@ void pool_resource::impl::check() const {
   if (std::adjacent_find(in_use.begin(), in_use.end()) != in_use.end()) fail("one page in use at two places");
   for (page_handle h : kept)
     if (!std::binary_search(in_use.begin(), in_use.end(), h)) fail("a mapping kept of a page given back");
+  // remap_own: early marks only at kept mappings, each mark's count of pages
+  // right, open marks not done, idle ones done and carried by no page.
+  {
+    std::vector<std::size_t> carried(early.size(), 0);
+    std::size_t marked = 0;
+    for (auto* a : arenas)
+      for (std::size_t p = 0; p < a->early.size(); ++p)
+        if (const std::uint32_t m = a->early[p]) {
+          if (m >= early.size()) fail("an early mark out of range");
+          if (!a->phys[p] || a->mapped(p) || a->ahead(p)) fail("an early mark where no kept mapping is");
+          ++carried[m];
+          ++marked;
+        }
+    if (marked != early_pages) fail("the count of early-marked pages is stale");
+    for (std::size_t m = 1; m < early.size(); ++m)
+      if (carried[m] != early[m].pages) fail("an early mark's count of pages is stale");
+    for (std::uint32_t m : early_open)
+      if (early[m].done || !early[m].pages) fail("an open early mark is done or carried by no page");
+    for (std::uint32_t m : early_idle)
+      if (!early[m].done || early[m].pages) fail("an idle early mark is open or still carried");
+    for (std::size_t m = 1; m < early.size(); ++m)
+      if (!early[m].done && std::find(early_open.begin(), early_open.end(), m) == early_open.end())
+        fail("an early mark with an event held is not open");
+  }
   if (ahead_count != ahead_pages) fail("the count of pages made ahead is stale");
   if (chunk_count != chunk_pages) fail("the count of pages in chunks is stale");
   if (!upstream && (mapped_pages + spare_handles.size()) * page + held_ahead_bytes() != reserved)

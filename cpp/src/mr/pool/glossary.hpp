@@ -62,6 +62,12 @@
 //   stale        Such a kept mapping: mapped at an address where the page is
 //                not in use. `stale` counts them; a page is destroyed only once
 //                no stale mapping of it is left.
+//   taken early  (remap_own) A page stolen from the requester's own slot
+//                before its old block's work is known done: its kept mapping
+//                there carries an early mark (`arena::early`), whose event,
+//                recorded on that stream when it was taken, must complete
+//                before that address is unmapped or mapped over, or before
+//                the page may reach another stream (a spare, an edge page).
 //   return home  Reordering the pages supplied for a block so each goes back to
 //                an address that still maps it (a reused mapping, no call).
 //   made ahead   (map_ahead) A page the helper thread created and mapped just

@@ -37,6 +37,10 @@ struct arena {
   // starting at a multiple of `chunk`; `handles[p]` and `phys[p]` name it at
   // each of them). Chunk pages are always mapped and never move.
   std::vector<std::uint64_t> chunk_bits;
+  // remap_own: at a kept mapping of a page taken before its old block's work
+  // was known done, the early mark (pool_resource::impl::early) whose event
+  // says when that address may be unmapped; 0 elsewhere (empty without remap_own).
+  std::vector<std::uint32_t> early;
 
   bool mapped(std::size_t p) const { return mapped_bits[p >> 6] >> (p & 63) & 1; }
   bool ahead(std::size_t p) const { return ahead_bits[p >> 6] >> (p & 63) & 1; }

@@ -88,7 +88,11 @@ bool pool_resource::impl::back(block* b, std::size_t size, std::size_t need_live
   const bool edge1 = p1 != p0 && !inside(p1) && !a->mapped(p1);
   const std::size_t edges = std::size_t{edge0} + std::size_t{edge1};
   thread_local std::vector<page_handle> got, hs;
-  if (!acquire(n, need_live, slot, got)) return false;
+  if (!acquire(n, need_live, slot, got, edges)) return false;
+  // remap_own: a page taken early may still be used by its old block's work
+  // on the requester's stream; an edge page's other part may go to another
+  // stream, so the edges take pages that were not taken early, or wait.
+  if (acquire_mark && edges) settle_edges(got, edges);
   // In page order: the first ones at the edges, the rest in between.
   hs.clear();
   {
@@ -112,9 +116,11 @@ bool pool_resource::impl::back(block* b, std::size_t size, std::size_t need_live
         ++run;
       for (std::size_t q = p; q < run; ++q) a->handles[q] = hs[k + (q - p)];
       if (a->phys[p] == hs[k]) {
+        forget_early(a, p, run);
         stale -= run - p;
         ctr.mappings_reused += run - p;
       } else {
+        settle_early(a, p, run);  // remap_own: old work on these addresses must be done
         const bool replaces = pages->map_replaces();
         for (std::size_t q = p; q < run;) {
           if (!a->phys[q]) {
@@ -154,7 +160,7 @@ bool pool_resource::impl::back(block* b, std::size_t size, std::size_t need_live
       }
     for (std::size_t q = p0; q <= p1; ++q)
       if (!a->mapped(q)) a->handles[q] = 0;
-    spare_handles.insert(spare_handles.end(), hs.begin(), hs.end());
+    spares_from_acquire(hs);
     throw;
   }
   undo.armed = false;
@@ -188,6 +194,23 @@ void pool_resource::impl::return_home(const detail::arena* a, std::size_t p0, st
     jt->second = j;
     it->second = i;
     std::swap(hs[i], hs[j]);
+  }
+}
+
+// Puts pages that were not taken early first in got (the first `edges` go
+// to the block's edge pages), or, when too few of them are, waits for the
+// early pages' old work (finish_early).
+void pool_resource::impl::settle_edges(std::vector<page_handle>& got, std::size_t edges) noexcept {
+  auto early_page = [&](page_handle h) { return std::find(early_got.begin(), early_got.end(), h) != early_got.end(); };
+  std::size_t j = edges;
+  for (std::size_t i = 0; i < edges; ++i) {
+    if (!early_page(got[i])) continue;
+    while (j < got.size() && early_page(got[j])) ++j;
+    if (j == got.size()) {
+      finish_early(acquire_mark);
+      return;
+    }
+    std::swap(got[i], got[j++]);
   }
 }
 

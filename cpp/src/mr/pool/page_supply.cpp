@@ -1,9 +1,10 @@
 // Page supply: the physical pages a placement needs, from (in order) the
 // spares, new pages within the growth slack, pages made ahead (map_ahead),
 // free pages stolen from shared free blocks, other streams' finished frees,
-// new pages up to the reserve limit, and the requester's own free blocks
-// after waiting for its stream (with wait_to_remap, before new pages). Also
-// destroys pages given back.
+// the requester's own free blocks without waiting (remap_own), new pages up
+// to the reserve limit, and the requester's own free blocks after waiting for
+// its stream (with wait_to_remap, before new pages). Also destroys pages
+// given back.
 #include <algorithm>
 #include <vector>
 
@@ -44,26 +45,30 @@ page_handle pool_resource::impl::create_page() {
 // appends their physical pages to out. Returns how many pages it took or,
 // where the highest page it may take is a chunk's (chunk_size), gives that
 // chunk back instead and returns its page count (out unchanged: the room it
-// frees lets the caller create pages).
-std::size_t pool_resource::impl::steal(std::uint32_t slot, std::size_t want, std::vector<page_handle>& out) {
+// frees lets the caller create pages). With an early mark (remap_own: the
+// block's work may not be done), it takes single pages only, their kept
+// mappings carrying the mark.
+std::size_t pool_resource::impl::steal(std::uint32_t slot, std::size_t want, std::vector<page_handle>& out,
+                                       std::uint32_t mark) {
   auto& s = slots[slot];
   block* b = s.steal_head;
   if (!b || want == 0) return 0;
   // The highest page of a free block that may move: mapped, and not in a
   // chunk that reaches outside the block (lo when none is; the caller checks).
+  // (A chunk cannot be given back under work that may still use it.)
   auto movable_top = [&](const block* x, std::size_t lo, std::size_t hi) {
     const detail::arena* xa = x->ar;
     if (xa->chunk_bits.empty() || !chunk_pages) return last_mapped_page(xa, lo, hi - 1);
     const std::size_t clo = round_up(lo, chunk), chi = hi / chunk * chunk;  // chunks wholly inside
     return detail::last_page_where(lo, hi - 1, [&](std::size_t w) {
-      return xa->mapped_bits[w] & ~(xa->chunk_bits[w] & ~detail::word_range(w, clo, chi));
+      return xa->mapped_bits[w] & ~(xa->chunk_bits[w] & (mark ? ~std::uint64_t{0} : ~detail::word_range(w, clo, chi)));
     });
   };
   auto movable = [&](const detail::arena* xa, std::size_t p, std::size_t lo, std::size_t hi) {
     if (!xa->mapped(p)) return false;
     if (!xa->in_chunk(p)) return true;
     std::size_t c = p / chunk * chunk;
-    return c >= lo && c + chunk <= hi;
+    return !mark && c >= lo && c + chunk <= hi;
   };
   std::size_t lo = 0, hi = 0, p = 0;
   auto try_block = [&](const block* x) {
@@ -122,6 +127,15 @@ std::size_t pool_resource::impl::steal(std::uint32_t slot, std::size_t want, std
   std::size_t k = p + 1 - first;
   if (opt.keep_mappings) {
     stale += k;  // still mapped there, no longer in use there
+    if (mark) {
+      for (std::size_t q = first; q <= p; ++q) {
+        a->early[q] = mark;
+        early_got.push_back(a->handles[q]);
+      }
+      early[mark].pages += k;
+      early_pages += k;
+      ctr.pages_taken_early += k;
+    }
   } else {
     pages->unmap(a->base + first * page, k);
     for (std::size_t q = first; q <= p; ++q) a->phys[q] = 0;
@@ -158,6 +172,11 @@ void pool_resource::impl::drop_pages(const std::vector<page_handle>& hs) noexcep
         }
         std::size_t e = p;
         while (e < a->top && kept(a, e)) ++e;
+        try {
+          settle_early(a, p, e);
+        } catch (...) {  // the device failed: nothing waits on it any more
+          forget_early(a, p, e);
+        }
         pages->unmap(a->base + p * page, e - p);
         for (std::size_t q = p; q < e; ++q) a->phys[q] = 0;
         stale -= e - p;
@@ -175,24 +194,48 @@ void pool_resource::impl::drop_pages(const std::vector<page_handle>& hs) noexcep
 // for only when the device is otherwise full (or, with wait_to_remap,
 // before growing past the slack).
 bool pool_resource::impl::acquire(std::size_t n, std::size_t need_live, std::uint32_t slot,
-                                  std::vector<page_handle>& out) {
+                                  std::vector<page_handle>& out, std::size_t edges) {
   out.clear();
+  acquire_mark = 0;
+  early_got.clear();
   try {
-    if (acquire_some(n, need_live, slot, out)) return true;
+    if (acquire_some(n, need_live, slot, out, edges)) return true;
   } catch (...) {
     // Pages taken so far stay with the pool as spares: nothing leaks.
-    spare_handles.insert(spare_handles.end(), out.begin(), out.end());
-    out.clear();
+    spares_from_acquire(out);
     throw;
   }
-  spare_handles.insert(spare_handles.end(), out.begin(), out.end());
-  out.clear();
+  spares_from_acquire(out);
   return false;
 }
 
+// Pages an acquire took that no block will hold become spares, which any
+// stream may take: those taken early (remap_own) only once their old
+// block's work is done.
+void pool_resource::impl::spares_from_acquire(std::vector<page_handle>& hs) noexcept {
+  finish_early(acquire_mark);
+  spare_handles.insert(spare_handles.end(), hs.begin(), hs.end());
+  hs.clear();
+}
+
+// Waits, when it is not done yet, for the work that mark m's pages' old
+// blocks queued (a device that fails is waited for no more), and closes m.
+void pool_resource::impl::finish_early(std::uint32_t m) noexcept {
+  if (!m || early[m].done) return;
+  try {
+    if (!streams->done(early[m].e)) {
+      streams->wait(early[m].e);
+      ++ctr.early_waits;
+    }
+  } catch (...) {
+  }
+  close_early(m);
+}
+
 bool pool_resource::impl::acquire_some(std::size_t n, std::size_t need_live, std::uint32_t slot,
-                                       std::vector<page_handle>& out) {
+                                       std::vector<page_handle>& out, std::size_t edges) {
   bool reclaimed = false, waited = false;
+  std::uint32_t& mark = acquire_mark;  // remap_own: the early mark of this call's pages
   // Pages' worth of room a chunk given back by a steal left (chunk_size):
   // memory the pool held a moment ago, so new pages fill it past the slack.
   std::size_t room = 0;
@@ -235,7 +278,18 @@ bool pool_resource::impl::acquire_some(std::size_t n, std::size_t need_live, std
         if (reclaim_streams(false)) continue;
       }
     }
-    if (opt.wait_to_remap && wait_and_steal_own()) continue;  // rather than grow
+    if (opt.remap_own && opt.remap && slot != 0) {
+      // Early pages for the block's interior only: its edge pages, whose
+      // other part another stream may get, take other pages (below: the own
+      // stream's, after waiting for it, when nothing else is left).
+      const std::size_t plain = out.size() - early_got.size();
+      const std::size_t edge_short = plain < edges ? edges - plain : 0;
+      if (n - out.size() > edge_short && steal_early(slot, n - out.size() - edge_short, out, mark)) continue;
+    }
+    // Rather than grow: with remap_own, when what the requester's own free
+    // blocks hold is in chunks (which cannot move under unfinished work) or
+    // only early pages are left for an edge page.
+    if ((opt.wait_to_remap || opt.remap_own) && wait_and_steal_own()) continue;
     if (reserved + page <= limit) {
       if (page_handle h = create_page()) {
         out.push_back(h);
@@ -246,6 +300,103 @@ bool pool_resource::impl::acquire_some(std::size_t n, std::size_t need_live, std
     return false;  // acquire() puts what was taken back
   }
   return true;
+}
+
+// ---- remap_own: pages taken before their stream's work is known done ----
+
+// Takes up to `want` pages from the requester's own free blocks without
+// waiting for its stream (none while the stream is being captured: an event
+// there would join the graph). The work queued on that stream later runs
+// after the work that used them, so their new owner is safe. Their old
+// addresses stay mapped; one event, recorded on the stream by the first such
+// steal of an acquire (`mark`), says when those may be unmapped.
+bool pool_resource::impl::steal_early(std::uint32_t slot, std::size_t want, std::vector<page_handle>& out,
+                                      std::uint32_t& mark) {
+  auto& s = slots[slot];
+  if (!s.steal_head || streams->capturing(s.stream)) return false;
+  if (!mark) {
+    poll_early();
+    event_id e = 0;
+    try {
+      e = streams->record(s.stream);
+    } catch (...) {
+      return false;  // no event, no early pages: the pool grows instead
+    }
+    if (early_idle.empty()) {
+      early.emplace_back();
+      early_idle.push_back(static_cast<std::uint32_t>(early.size() - 1));
+    }
+    mark = early_idle.back();
+    early_idle.pop_back();
+    early[mark] = early_mark{e, s.stream, 0, false};
+    early_open.push_back(mark);
+  }
+  if (steal(slot, want, out, mark)) return true;
+  if (!early[mark].pages) {  // nothing taken under it: give it back
+    close_early(mark);
+    early_idle.push_back(mark);
+    mark = 0;
+  }
+  return false;
+}
+
+// The event of mark m is done (or no longer needed): released, and m off the
+// open list.
+void pool_resource::impl::close_early(std::uint32_t m) noexcept {
+  if (early[m].done) return;
+  streams->release(early[m].e);
+  early[m].done = true;
+  early_open.erase(std::find(early_open.begin(), early_open.end(), m));
+}
+
+// Closes the open marks whose events are done, oldest first, up to the first
+// that is not (events of one stream complete in order).
+void pool_resource::impl::poll_early() noexcept {
+  while (!early_open.empty()) {
+    const std::uint32_t m = early_open.front();
+    if (streams->capturing(early[m].stream)) return;
+    try {
+      if (!streams->done(early[m].e)) return;
+    } catch (...) {
+      return;
+    }
+    close_early(m);
+  }
+}
+
+// Before the kept mappings of [p, e) of arena a are unmapped (or mapped
+// over): waits for the events of the early marks they carry that are not
+// done yet, then clears the marks. Throws what the wait throws, with nothing
+// changed.
+void pool_resource::impl::settle_early(detail::arena* a, std::size_t p, std::size_t e) {
+  if (!early_pages || a->early.empty()) return;
+  for (std::size_t q = p; q < e; ++q) {
+    const std::uint32_t m = a->early[q];
+    if (!m || early[m].done) continue;
+    if (!streams->done(early[m].e)) {
+      streams->wait(early[m].e);
+      ++ctr.early_waits;
+    }
+    close_early(m);
+  }
+  forget_early(a, p, e);
+}
+
+// Clears the early marks of [p, e) of arena a (their mappings are being
+// reused, or their work is known done); a mark no page carries any more is
+// closed and kept for reuse.
+void pool_resource::impl::forget_early(detail::arena* a, std::size_t p, std::size_t e) noexcept {
+  if (!early_pages || a->early.empty()) return;
+  for (std::size_t q = p; q < e; ++q) {
+    const std::uint32_t m = a->early[q];
+    if (!m) continue;
+    a->early[q] = 0;
+    --early_pages;
+    if (--early[m].pages == 0) {
+      close_early(m);
+      early_idle.push_back(m);
+    }
+  }
 }
 
 }  // namespace vramkit

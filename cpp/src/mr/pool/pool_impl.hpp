@@ -119,10 +119,37 @@ struct pool_resource::impl {
   static constexpr int steal_scan = 32;
   bool may_grow_by(std::size_t bytes, std::size_t counted, std::size_t need_live) const;
   page_handle create_page();
-  std::size_t steal(std::uint32_t slot, std::size_t want, std::vector<page_handle>& out);
-  bool acquire(std::size_t n, std::size_t need_live, std::uint32_t slot, std::vector<page_handle>& out);
-  bool acquire_some(std::size_t n, std::size_t need_live, std::uint32_t slot, std::vector<page_handle>& out);
+  std::size_t steal(std::uint32_t slot, std::size_t want, std::vector<page_handle>& out, std::uint32_t mark = 0);
+  // edges: how many of the n pages back a block's edge pages (remap_own takes none of those early).
+  bool acquire(std::size_t n, std::size_t need_live, std::uint32_t slot, std::vector<page_handle>& out,
+               std::size_t edges = 0);
+  bool acquire_some(std::size_t n, std::size_t need_live, std::uint32_t slot, std::vector<page_handle>& out,
+                    std::size_t edges);
   void drop_pages(const std::vector<page_handle>& hs) noexcept;
+
+  // remap_own (page_supply.cpp): pages taken from the requester's own free
+  // blocks before its stream's work was known done. Their old addresses stay
+  // mapped (kept mappings carrying arena::early marks) until the event of
+  // their mark, recorded on that stream when they were taken, completes.
+  struct early_mark {
+    event_id e = 0;
+    stream_t stream = 0;
+    std::size_t pages = 0;  // kept mappings carrying this mark
+    bool done = false;      // the event completed or is no longer needed (and was released)
+  };
+  std::vector<early_mark> early{1};       // [0]: no mark
+  std::vector<std::uint32_t> early_idle;  // marks no page carries, to reuse
+  std::vector<std::uint32_t> early_open;  // marks whose event may not be done, oldest first
+  std::size_t early_pages = 0;            // pages carrying a mark
+  std::uint32_t acquire_mark = 0;         // the mark of the last acquire's pages (0: none taken early)
+  std::vector<page_handle> early_got;     // the pages the last acquire took early
+  void spares_from_acquire(std::vector<page_handle>& hs) noexcept;
+  void finish_early(std::uint32_t m) noexcept;
+  bool steal_early(std::uint32_t slot, std::size_t want, std::vector<page_handle>& out, std::uint32_t& mark);
+  void close_early(std::uint32_t m) noexcept;
+  void settle_early(detail::arena* a, std::size_t p, std::size_t e);
+  void forget_early(detail::arena* a, std::size_t p, std::size_t e) noexcept;
+  void poll_early() noexcept;
 
   // ---- chunks (chunks.cpp) -----------------------------------------------
   std::size_t chunk_pages = 0;  // pages held in chunks
@@ -137,6 +164,7 @@ struct pool_resource::impl {
 
   // ---- page mapping (page_mapping.cpp) -----------------------------------
   bool back(block* b, std::size_t size, std::size_t need_live, std::uint32_t slot, std::size_t& newly);
+  void settle_edges(std::vector<page_handle>& got, std::size_t edges) noexcept;
   static void return_home(const detail::arena* a, std::size_t p0, std::size_t p1, bool edge0, bool edge1,
                           std::vector<page_handle>& hs);
 
