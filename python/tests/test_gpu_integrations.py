@@ -416,6 +416,70 @@ def test_torch_use_is_first_and_counts_tensors():
     assert "growth_slack:0.05" in r["options"], show(r)
 
 
+REMAP_OWN_CHILD = r"""
+import json
+import vramkit, vramkit.torch
+vramkit.torch.use()
+import torch
+
+SLEEP = int(3e9)          # cycles: over a second of a busy stream
+N = 16 << 20              # float32 elements (64 MiB)
+dev = torch.device("cuda", 0)
+s = torch.cuda.Stream(dev)
+_w = torch.full((16,), 1.0, device=dev)                    # load every kernel used below once
+(_w * 2).sum(); torch.cuda._sleep(1000); torch.cuda.synchronize(); del _w
+
+def counters():
+    return vramkit.get_current_resource().pool_counters()
+
+res = {}
+with torch.cuda.stream(s):
+    torch.cuda._sleep(SLEEP)                               # the GPU is now far behind the host
+    ts = [torch.full((N,), float(i), device=dev) for i in range(16)]
+    sums = [t.sum() for t in ts]                           # read on the GPU after the sleep
+    for i in range(0, 16, 2):
+        ts[i] = None                                       # freed on s while their reads are queued
+    before = vramkit.memory_reserved()
+    c0 = counters()
+    big = torch.full((7 * N,), 42.0, device=dev)           # 448 MiB: past the slack, 512 MiB freed on s
+    res["grew_mib"] = (vramkit.memory_reserved() - before) >> 20
+    res["taken_early"] = counters()["pages_taken_early"] - c0["pages_taken_early"]
+    res["busy_after_big"] = not s.query()
+    # Blocks back over the holes while the GPU is still behind: the old addresses of the pages
+    # taken early are mapped over only once the reads queued on them are done.
+    again = [torch.full((N,), -float(i), device=dev) for i in range(8)]
+    res["busy_after_again"] = not s.query()
+    big_sum = big.sum()
+torch.cuda.synchronize()
+res["early_waits"] = counters()["early_waits"]
+res["sums_bad"] = [i for i in range(16) if float(sums[i]) != float(i) * N]
+res["big_bad"] = int((big != 42.0).sum())
+res["big_sum_ok"] = float(big_sum) == 42.0 * 7 * N
+res["again_bad"] = [i for i in range(8) if int((again[i] != -float(i)).sum())]
+res["odd_bad"] = [i for i in range(1, 16, 2) if int((ts[i] != float(i)).sum())]
+res["options"] = counters()["options"]
+vramkit.get_current_resource().check_invariants()
+print(json.dumps(res))
+"""
+
+
+def test_remap_own_takes_the_streams_frees_while_the_gpu_is_behind():
+    """remap_own on the vmm device: with the GPU over a second behind, a request past the slack takes
+    the pages its stream freed at once (their queued reads still run on the old addresses, which stay
+    mapped), and blocks placed back there later do not disturb those reads. Every value is checked."""
+    if not have("torch"):
+        pytest.skip("needs torch (not installed)")
+    r = child(REMAP_OWN_CHILD, env={"VRAMKIT_ALLOC_CONF": "remap_own:true,chunk_size:0"})
+    assert "remap_own:true" in r["options"], show(r)
+    if not r["busy_after_big"]:
+        pytest.skip(f"the stream finished before the request past the slack: nothing was exercised\n{show(r)}")
+    assert r["taken_early"] > 0, f"no page was taken from the stream's own frees\n{show(r)}"
+    assert r["grew_mib"] < 128, f"the pool grew although the stream's frees were there\n{show(r)}"
+    assert not r["sums_bad"], f"reads queued on freed tensors saw other data\n{show(r)}"
+    assert r["big_bad"] == 0 and r["big_sum_ok"], f"the block made of pages taken early is wrong\n{show(r)}"
+    assert not r["again_bad"] and not r["odd_bad"], f"blocks placed later, or kept ones, are wrong\n{show(r)}"
+
+
 # ============================================================ (3) out of memory near the real capacity
 
 OOM_CHILD = r"""
