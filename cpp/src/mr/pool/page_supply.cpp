@@ -346,7 +346,7 @@ void pool_resource::impl::close_early(std::uint32_t m) noexcept {
   if (early[m].done) return;
   streams->release(early[m].e);
   early[m].done = true;
-  early_open.erase(std::find(early_open.begin(), early_open.end(), m));
+  if (auto it = std::find(early_open.begin(), early_open.end(), m); it != early_open.end()) early_open.erase(it);
 }
 
 // Closes the open marks whose events are done, oldest first, up to the first
