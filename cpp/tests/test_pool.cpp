@@ -474,6 +474,88 @@ TEST(pool, remap_own_takes_its_streams_frees_at_once_and_waits_only_to_unmap_the
   }
 }
 
+// remap_own: once a reclaim event of the stream has shown the old blocks'
+// work done, a block of another stream placed over their old addresses does
+// not wait for the later, unrelated work that the early mark's event covers.
+TEST(pool, remap_own_does_not_wait_for_work_a_reclaim_showed_done) {
+  struct queues : stream_ops {
+    std::size_t queued[4] = {}, completed[4] = {};
+    int waits = 0;
+    event_id record(stream_t s) override { return (static_cast<event_id>(s) << 40) | ++queued[s]; }
+    bool done(event_id e) override { return completed[e >> 40] >= (e & ((event_id{1} << 40) - 1)); }
+    void wait(event_id e) override {
+      ++waits;
+      completed[e >> 40] = std::max<std::size_t>(completed[e >> 40], e & ((event_id{1} << 40) - 1));
+    }
+    void release(event_id) noexcept override {}
+  };
+  auto g = std::make_shared<queues>();
+  pool_options o;
+  o.chunk_size = 0;
+  o.remap_own = true;
+  o.growth_slack = 0;
+  pool_resource pool(std::make_shared<host_page_device>(64 * GiB), g, o);
+  const stream_t S = 1, T = 2;
+  void* a1 = pool.allocate(8 * MiB, S);
+  void* a2 = pool.allocate(8 * MiB, S);
+  ++g->queued[S];                       // a kernel on a1
+  pool.deallocate_checked(a1, 0, S);
+  void* u = pool.allocate(4 * MiB, T);  // no fit: a reclaim event on S, after a1's work
+  const std::size_t after_a1 = g->queued[S];
+  g->queued[S] += 100;                  // long unrelated work on S
+  void* y = pool.allocate(12 * MiB, S); // past the slack: a1's pages taken early
+  ASSERT_GT(pool.counters().pages_taken_early, 0u);
+  g->completed[S] = after_a1;           // the GPU is past a1's work, not past the rest
+  void* t = pool.allocate(8 * MiB, T);
+  EXPECT_EQ(pool.counters().early_waits, 0u);
+  EXPECT_EQ(g->waits, 0) << "stream T's request waited for stream S's unrelated work";
+  pool.check_invariants();
+  for (auto& c : g->completed) c = std::size_t{1} << 30;
+  pool.deallocate_checked(t, 0, T);
+  pool.deallocate_checked(y, 0, S);
+  pool.deallocate_checked(a2, 0, S);
+  pool.deallocate_checked(u, 0, T);
+  pool.check_invariants();
+}
+
+// A stream being captured into a CUDA graph gets no event and no wait from
+// page supply, with remap_own or without: the pool grows instead.
+TEST(pool, page_supply_leaves_a_stream_being_captured_alone) {
+  struct capture : stream_ops {
+    bool on = false;
+    int records_while_on = 0, waits = 0;
+    event_id record(stream_t) override {
+      records_while_on += on;
+      return 1;
+    }
+    bool done(event_id) override { return false; }
+    void wait(event_id) override { ++waits; }
+    void release(event_id) noexcept override {}
+    bool capturing(stream_t) noexcept override { return on; }
+  };
+  for (bool own : {false, true}) {
+    SCOPED_TRACE(own ? "remap_own" : "default");
+    auto g = std::make_shared<capture>();
+    pool_options o;
+    o.chunk_size = 0;
+    o.remap_own = own;
+    o.growth_slack = 0;
+    pool_resource pool(std::make_shared<host_page_device>(64 * GiB), g, o);
+    void* a = pool.allocate(8 * MiB, 1);
+    void* b = pool.allocate(8 * MiB, 1);
+    pool.deallocate_checked(a, 0, 1);
+    g->on = true;
+    void* y = pool.allocate(12 * MiB, 1);
+    EXPECT_EQ(g->records_while_on, 0);
+    EXPECT_EQ(g->waits, 0);
+    EXPECT_EQ(pool.counters().pages_taken_early, 0u);
+    pool.check_invariants();
+    g->on = false;
+    pool.deallocate_checked(y, 0, 1);
+    pool.deallocate_checked(b, 0, 1);
+  }
+}
+
 // A GPU that runs behind the host but keeps moving: the event a reclaim
 // records when pages are needed is not done yet, but the progress events the
 // pool recorded at earlier frees are. The pages of blocks freed before the

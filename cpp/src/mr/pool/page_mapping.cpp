@@ -201,7 +201,8 @@ void pool_resource::impl::return_home(const detail::arena* a, std::size_t p0, st
 // to the block's edge pages), or, when too few of them are, waits for the
 // early pages' old work (finish_early).
 void pool_resource::impl::settle_edges(std::vector<page_handle>& got, std::size_t edges) noexcept {
-  auto early_page = [&](page_handle h) { return std::find(early_got.begin(), early_got.end(), h) != early_got.end(); };
+  std::sort(early_got.begin(), early_got.end());
+  auto early_page = [&](page_handle h) { return std::binary_search(early_got.begin(), early_got.end(), h); };
   std::size_t j = edges;
   for (std::size_t i = 0; i < edges; ++i) {
     if (!early_page(got[i])) continue;

@@ -133,6 +133,7 @@ std::size_t pool_resource::impl::steal(std::uint32_t slot, std::size_t want, std
         early_got.push_back(a->handles[q]);
       }
       early[mark].pages += k;
+      early[mark].seq = std::max(early[mark].seq, b->seq);
       early_pages += k;
       ctr.pages_taken_early += k;
     }
@@ -219,11 +220,12 @@ void pool_resource::impl::spares_from_acquire(std::vector<page_handle>& hs) noex
 }
 
 // Waits, when it is not done yet, for the work that mark m's pages' old
-// blocks queued (a device that fails is waited for no more), and closes m.
+// blocks queued, and closes m. An event call that fails is taken for a
+// device that failed (its work will not run): the pages go on without it.
 void pool_resource::impl::finish_early(std::uint32_t m) noexcept {
   if (!m || early[m].done) return;
   try {
-    if (!streams->done(early[m].e)) {
+    if (!early_known_done(m) && !streams->done(early[m].e)) {
       streams->wait(early[m].e);
       ++ctr.early_waits;
     }
@@ -246,9 +248,11 @@ bool pool_resource::impl::acquire_some(std::size_t n, std::size_t need_live, std
     return k > 0;
   };
   // Pages of the requester's own free blocks, once its stream's queued work is done.
+  // (Not a stream being captured: an event there would join the graph.)
   auto wait_and_steal_own = [&] {
     if (!opt.remap || slot == 0 || !slots[slot].steal_head) return false;
     if (!waited) {
+      if (streams->capturing(slots[slot].stream)) return false;
       streams->wait_for_stream(slots[slot].stream);
       waited = true;
     }
@@ -314,8 +318,12 @@ bool pool_resource::impl::steal_early(std::uint32_t slot, std::size_t want, std:
                                       std::uint32_t& mark) {
   auto& s = slots[slot];
   if (!s.steal_head || streams->capturing(s.stream)) return false;
+  early_got.reserve(early_got.size() + want);  // no allocation below once pages are taken
   if (!mark) {
     poll_early();
+    early.reserve(early.size() + 1);
+    early_idle.reserve(early.size() + 1);
+    early_open.reserve(early.size() + 1);
     event_id e = 0;
     try {
       e = streams->record(s.stream);
@@ -328,7 +336,7 @@ bool pool_resource::impl::steal_early(std::uint32_t slot, std::size_t want, std:
     }
     mark = early_idle.back();
     early_idle.pop_back();
-    early[mark] = early_mark{e, s.stream, 0, false};
+    early[mark] = early_mark{e, s.stream, slot, 0, 0, false};
     early_open.push_back(mark);
   }
   if (steal(slot, want, out, mark)) return true;
@@ -340,6 +348,14 @@ bool pool_resource::impl::steal_early(std::uint32_t slot, std::size_t want, std:
   return false;
 }
 
+// Whether the work of mark m's old blocks is known done without asking its
+// event: an event of the stream that covers their frees completed (progress,
+// reclaim, or a wait for the whole stream).
+bool pool_resource::impl::early_known_done(std::uint32_t m) const {
+  const auto& s = slots[early[m].slot];
+  return std::max(s.done_seq, s.reclaimed_seq) >= early[m].seq;
+}
+
 // The event of mark m is done (or no longer needed): released, and m off the
 // open list.
 void pool_resource::impl::close_early(std::uint32_t m) noexcept {
@@ -349,18 +365,24 @@ void pool_resource::impl::close_early(std::uint32_t m) noexcept {
   if (auto it = std::find(early_open.begin(), early_open.end(), m); it != early_open.end()) early_open.erase(it);
 }
 
-// Closes the open marks whose events are done, oldest first, up to the first
-// that is not (events of one stream complete in order).
+// Closes the open marks known done or whose events are done (at most 8
+// events asked, none on a stream being captured).
 void pool_resource::impl::poll_early() noexcept {
-  while (!early_open.empty()) {
-    const std::uint32_t m = early_open.front();
-    if (streams->capturing(early[m].stream)) return;
-    try {
-      if (!streams->done(early[m].e)) return;
-    } catch (...) {
-      return;
+  int asked = 0;
+  for (std::size_t i = 0; i < early_open.size();) {
+    const std::uint32_t m = early_open[i];
+    bool done = early_known_done(m);
+    if (!done && asked < 8 && !streams->capturing(early[m].stream)) {
+      ++asked;
+      try {
+        done = streams->done(early[m].e);
+      } catch (...) {
+      }
     }
-    close_early(m);
+    if (done)
+      close_early(m);  // takes it off the list: i now names the next
+    else
+      ++i;
   }
 }
 
@@ -373,7 +395,7 @@ void pool_resource::impl::settle_early(detail::arena* a, std::size_t p, std::siz
   for (std::size_t q = p; q < e; ++q) {
     const std::uint32_t m = a->early[q];
     if (!m || early[m].done) continue;
-    if (!streams->done(early[m].e)) {
+    if (!early_known_done(m) && !streams->done(early[m].e)) {
       streams->wait(early[m].e);
       ++ctr.early_waits;
     }

@@ -134,6 +134,8 @@ struct pool_resource::impl {
   struct early_mark {
     event_id e = 0;
     stream_t stream = 0;
+    std::uint32_t slot = 0;
+    std::uint64_t seq = 0;  // the latest free of the blocks its pages came from
     std::size_t pages = 0;  // kept mappings carrying this mark
     bool done = false;      // the event completed or is no longer needed (and was released)
   };
@@ -147,6 +149,7 @@ struct pool_resource::impl {
   void finish_early(std::uint32_t m) noexcept;
   bool steal_early(std::uint32_t slot, std::size_t want, std::vector<page_handle>& out, std::uint32_t& mark);
   void close_early(std::uint32_t m) noexcept;
+  bool early_known_done(std::uint32_t m) const;
   void settle_early(detail::arena* a, std::size_t p, std::size_t e);
   void forget_early(detail::arena* a, std::size_t p, std::size_t e) noexcept;
   void poll_early() noexcept;
