@@ -254,16 +254,20 @@ int main(int argc, char** argv) {
     }
     return 0;
   }
-  if (std::getenv("VKOPS")) {  // (diagnostic) per-op remaps in pass 2
+  if (std::getenv("VKOPS")) {  // (diagnostic) per-op remaps in pass VKOPS (1: the second)
     std::vector<void*> ptr(ops.size(), nullptr);
-    for (int pass = 0; pass < 2; ++pass)
+    const int show = std::atoi(std::getenv("VKOPS")) > 0 ? std::atoi(std::getenv("VKOPS")) : 1;
+    for (int pass = 0; pass <= show; ++pass)
       for (std::size_t i = 0; i < ops.size(); ++i) {
         auto& t = ops[i];
         auto before = pool.counters();
         if (t.action == 0) ptr[t.id] = pool.allocate(t.size, t.stream);
         else pool.deallocate(ptr[t.id], 0, t.stream);
         auto after = pool.counters();
-        if (pass == 1 && after.pages_remapped != before.pages_remapped)
+        if (pass == show && std::getenv("VKADDR") && t.size >= std::strtoull(std::getenv("VKADDR"), nullptr, 10) << 20)
+          std::printf("op %zu %s id %llu size %.2fM at %llx\n", i, t.action ? "free" : "alloc", (unsigned long long)t.id,
+                      t.size / 1048576.0, (unsigned long long)reinterpret_cast<std::uintptr_t>(ptr[t.id]));
+        if (pass == show && after.pages_remapped != before.pages_remapped)
           std::printf("op %zu %s id %llu size %.2fM stream %u remapped %zu reclaims %zu\n", i, t.action ? "free" : "alloc",
                       (unsigned long long)t.id, t.size / 1048576.0, (unsigned)t.stream,
                       after.pages_remapped - before.pages_remapped, after.stream_reclaims - before.stream_reclaims);
