@@ -428,6 +428,11 @@ def main(argv=None) -> int:
     if nvml_note:
         print("  " + nvml_note)
     rows = {(r["workload"], r["allocator"]): r for r in doc["summary"]}
+    shares = [(r["workload"], r["allocator"], r["in_chunks_pct"]) for r in doc["summary"]
+              if r.get("in_chunks_pct") is not None]
+    if shares:  # kernels streaming over 2 MiB handles run slower than over large ones (BENCHMARKS 5)
+        print("\nvramkit pools' mapped pages in chunks at the end of a run (median %): "
+              + ", ".join(f"{w} {al} {x:.0f}" for w, al, x in shares))
     for w in unique(a.workloads):
         v, t = rows.get((w, "vramkit")), rows.get((w, "vramkit-tracking"))
         if v and t and v["warm_ms"] and t["warm_ms"]:

@@ -127,6 +127,10 @@ def _allocator_stats(torch, alloc: str, check_expandable: bool) -> dict:
         out["stats_source"] = "vramkit"
         st = vramkit.memory_stats()
         out["allocator_stats"] = _numbers(st, None)
+        from vramkit import _vramkit
+        usage = _vramkit.current_resource(None).pool_page_usage()
+        if usage:  # where the pool's memory lies at the end: how much of it in chunks (large handles)
+            out["pool_pages"] = {k: int(v) for k, v in usage.items()}
         try:  # through vramkit's PyTorch hooks, when they are loaded; a bare pluggable allocator raises
             out["torch_peak_allocated"] = torch.cuda.max_memory_allocated()
             out["torch_peak_reserved"] = torch.cuda.max_memory_reserved()

@@ -77,6 +77,21 @@ def ratio_interval(own: list[float], baselines: list[list[float]], level: float 
     return ratios[int(tail * (len(ratios) - 1))], ratios[int(round((1.0 - tail) * (len(ratios) - 1)))]
 
 
+def chunk_share(run: dict) -> float | None:
+    """Of the pages a vramkit pool held mapped at the end of a run, the share in chunks (large
+    driver handles), in %; None without the figures (PyTorch's allocators, non-paged pools)."""
+    u = run.get("pool_pages")
+    if not isinstance(u, dict):
+        return None
+    mapped = u.get("mapped_large", 0) + u.get("mapped_small", 0)
+    return 100.0 * u.get("in_chunks", 0) / mapped if mapped else None
+
+
+def _median_or_none(xs: list) -> float | None:
+    xs = [x for x in xs if isinstance(x, (int, float))]
+    return statistics.median(xs) if xs else None
+
+
 def summarize(runs: list[dict], workloads: list[str], allocators: list[str]) -> list[dict]:
     """One row per (workload, allocator): medians over its successful runs, the spread of its peak
     memory over the repeats in %, and ratios against the better of PyTorch's two allocators (the
@@ -99,6 +114,7 @@ def summarize(runs: list[dict], workloads: list[str], allocators: list[str]) -> 
             row["spread_nvml_pct"] = _spread([r.get("nvml_peak") for r in good])
             row["spread_warm_pct"] = _spread([r.get("warm_ms") for r in good])
             row["warm_min_ms"], row["warm_total_min_ms"] = step_minimum(good)
+            row["in_chunks_pct"] = _median_or_none([chunk_share(r) for r in good])
             group[a] = row
             rows.append(row)
         warm = {a: [r["warm_ms"] for r in runs if r.get("workload") == w and r.get("allocator") == a and ok(r)]

@@ -75,6 +75,27 @@ void bind_resource(nb::module_& m) {
             if (!p) throw invalid_argument("segments: resource '" + r.name() + "' holds no pool");
             return segments_list(p->segments());
           })
+      .def("pool_page_usage", [](device_resource& r) -> nb::object {
+            pool_resource* p = find_pool(&r);
+            if (!p) return nb::none();
+            pool_resource::page_usage u;
+            {
+              nb::gil_scoped_release g;
+              u = p->usage();
+            }
+            nb::dict d;
+            d["mapped_small"] = u.mapped[1];
+            d["mapped_large"] = u.mapped[0];
+            d["under_live_blocks_small"] = u.live_overlap[1];
+            d["under_live_blocks_large"] = u.live_overlap[0];
+            d["free_interior_mapped_small"] = u.free_interior_mapped[1];
+            d["free_interior_mapped_large"] = u.free_interior_mapped[0];
+            d["spare"] = u.spare;
+            d["made_ahead"] = u.ahead;
+            d["in_chunks"] = u.in_chunks;
+            d["page_size"] = p->page_size();
+            return d;
+          })
       .def("pool_counters", [](device_resource& r) -> nb::object {
             pool_resource* p = find_pool(&r);
             if (!p) return nb::none();

@@ -169,6 +169,19 @@ def test_summary_medians_ratios_and_spread():
     assert text.splitlines()[0].count("|") == text.splitlines()[-1].count("|")
 
 
+def test_share_of_pages_in_chunks():
+    runs = [_run("m", "default", 10.0, 150, 200), _run("m", "vramkit", 9.9, 110, 160),
+            _run("m", "vramkit", 11.0, 132, 170, rep=1), _run("m", "vramkit", 10.0, 120, 165, rep=2)]
+    runs[1]["pool_pages"] = {"mapped_large": 900, "mapped_small": 100, "in_chunks": 800}
+    runs[2]["pool_pages"] = {"mapped_large": 190, "mapped_small": 10, "in_chunks": 100}
+    runs[3]["pool_pages"] = {"mapped_large": 0, "mapped_small": 0, "in_chunks": 0}  # nothing mapped: no figure
+    assert report.chunk_share(runs[1]) == pytest.approx(80.0)
+    assert report.chunk_share(runs[0]) is None and report.chunk_share(runs[3]) is None
+    rows = {r["allocator"]: r for r in report.summarize(runs, ["m"], ["default", "vramkit"])}
+    assert rows["vramkit"]["in_chunks_pct"] == pytest.approx(65.0)  # median of 80 and 50
+    assert rows["default"]["in_chunks_pct"] is None
+
+
 def test_step_minimum_takes_each_steps_fastest_repeat():
     """The per-step statistics: each step's fastest repeat, then the median and the sum over the
     warm steps; a slow repeat does not move them, a step that is slow in every repeat does."""
