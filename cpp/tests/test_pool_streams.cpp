@@ -221,6 +221,7 @@ struct config {
   bool keep_mappings = true;
   std::size_t chunk = 0;  // pages per chunk (0: the device makes none)
   bool remap_own = false;
+  bool growth_chunks = false;
 };
 
 void run(const config& c, std::uint64_t seed, int iters, pool_counters* out = nullptr) {
@@ -237,6 +238,7 @@ void run(const config& c, std::uint64_t seed, int iters, pool_counters* out = nu
   o.growth_slack = c.growth_slack;
   o.keep_mappings = c.keep_mappings;
   o.remap_own = c.remap_own;
+  o.growth_chunks = c.growth_chunks;
   if (c.chunk) o.chunk_size = c.chunk * PG;
   struct held {
     std::uintptr_t p;
@@ -313,7 +315,7 @@ void run(const config& c, std::uint64_t seed, int iters, pool_counters* out = nu
                 "peak_reserved %zu created %zu destroyed %zu mapped %zu unmapped %zu remapped %zu reused %zu "
                 "map_calls %zu reclaims %zu\n",
                 c.nstreams, c.progress, c.fault_every, c.growth_slack, int{c.keep_mappings}, chunked.c_str(),
-                c.remap_own ? " remap_own" : "",
+                std::string(c.remap_own ? " remap_own" : "").append(c.growth_chunks ? " growth_chunks" : "").c_str(),
                 static_cast<unsigned long long>(seed), static_cast<unsigned long long>(digest), final_peak,
                 k.pages_created, k.pages_destroyed, k.pages_mapped, k.pages_unmapped, k.pages_remapped,
                 k.mappings_reused, k.map_calls, k.stream_reclaims);
@@ -342,6 +344,8 @@ TEST(pool_streams, lagging_gpu_queues_faults_and_physical_pages) {
       // remap_own: pages taken from a stream's own frees before its work is done.
       {3, 2, 7, 0.02, true, 0, true}, {2, 0, 0, 0.0, true, 0, true}, {1, 3, 23, 0.0, true, 0, true},
       {3, 2, 7, 0.02, true, 4, true}, {2, 0, 7, 0.0, true, 8, true},
+      // Chunks at blocks' ends, with and without remap_own.
+      {3, 2, 7, 0.02, true, 4, false, true}, {2, 3, 0, 0.0, true, 4, true, true},
   };
   // Seeds 32 and 37 once found a page given back while an old address of it
   // was still mapped.
@@ -360,7 +364,8 @@ TEST(pool_streams, lagging_gpu_queues_faults_and_physical_pages) {
       SCOPED_TRACE(testing::Message() << "streams " << c.nstreams << ", progress " << c.progress << ", faults every "
                                       << c.fault_every << ", growth_slack "
                                       << c.growth_slack << ", keep_mappings " << c.keep_mappings << ", chunk " << c.chunk
-                                      << ", remap_own " << c.remap_own << ", seed " << seed);
+                                      << ", remap_own " << c.remap_own << ", growth_chunks " << c.growth_chunks
+                                      << ", seed " << seed);
       pool_counters k;
       run(c, seed, 10000, &k);
       if (HasFatalFailure()) return;
