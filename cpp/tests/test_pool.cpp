@@ -402,26 +402,32 @@ TEST(pool, wait_to_remap_waits_for_the_stream_instead_of_growing) {
   }
 }
 
+namespace {
+// Events completed in the order they were recorded, up to `completed`, which
+// the test moves (a GPU behind the host); a wait completes the event and is
+// counted.
+struct ordered_events : stream_ops {
+  event_id recorded = 0, completed = 0;
+  int waits = 0;
+  event_id record(stream_t) override { return ++recorded; }
+  bool done(event_id e) override { return e <= completed; }
+  void wait(event_id e) override {
+    completed = std::max(completed, e);
+    ++waits;
+  }
+  void release(event_id) noexcept override {}
+};
+}  // namespace
+
 // remap_own, with a GPU that never finishes anything unless waited for: a
 // request past the slack takes the pages its own stream freed without
 // waiting, and their old addresses stay mapped. Another stream cannot have
 // them. When blocks go back over those old addresses while the work there
 // may still run, the pool waits for it first, once.
 TEST(pool, remap_own_takes_its_streams_frees_at_once_and_waits_only_to_unmap_their_old_addresses) {
-  struct stuck_gpu : stream_ops {
-    event_id recorded = 0, completed = 0;
-    int waits = 0;
-    event_id record(stream_t) override { return ++recorded; }
-    bool done(event_id e) override { return e <= completed; }
-    void wait(event_id e) override {
-      completed = std::max(completed, e);
-      ++waits;
-    }
-    void release(event_id) noexcept override {}
-  };
   for (bool own : {false, true}) {
     SCOPED_TRACE(own ? "remap_own" : "default");
-    auto ev = std::make_shared<stuck_gpu>();
+    auto ev = std::make_shared<ordered_events>();
     pool_options o;
     o.chunk_size = 0;
     o.remap_own = own;
@@ -562,19 +568,8 @@ TEST(pool, page_supply_leaves_a_stream_being_captured_alone) {
 // last completed one are remapped instead of growing; with a GPU that never
 // finishes anything, the pool grows.
 TEST(pool, progress_events_let_a_stream_behind_the_host_lend_its_finished_frees) {
-  struct moving_gpu : stream_ops {
-    event_id recorded = 0, completed = 0;
-    int waits = 0;
-    event_id record(stream_t) override { return ++recorded; }
-    bool done(event_id e) override { return e <= completed; }
-    void wait(event_id e) override {
-      completed = std::max(completed, e);
-      ++waits;
-    }
-    void release(event_id) noexcept override {}
-  };
   for (bool moving : {true, false}) {
-    auto ev = std::make_shared<moving_gpu>();
+    auto ev = std::make_shared<ordered_events>();
     pool_resource pool(std::make_shared<host_page_device>(64 * GiB), ev);
     const stream_t s = 0x10;
     std::vector<void*> v;
