@@ -223,13 +223,21 @@ void pool_resource::impl::spares_from_acquire(std::vector<page_handle>& hs) noex
 // blocks queued, and closes m. An event call that fails is taken for a
 // device that failed (its work will not run): the pages go on without it.
 void pool_resource::impl::finish_early(std::uint32_t m) noexcept {
-  if (!m || early[m].done) return;
+  if (!m) return;
   try {
-    if (!early_known_done(m) && !streams->done(early[m].e)) {
-      streams->wait(early[m].e);
-      ++ctr.early_waits;
-    }
+    await_early(m);
   } catch (...) {
+    close_early(m);
+  }
+}
+
+// Waits for mark m's event unless its work is known done, and closes m.
+// Throws what the wait throws, with m still open.
+void pool_resource::impl::await_early(std::uint32_t m) {
+  if (early[m].done) return;
+  if (!early_known_done(m) && !streams->done(early[m].e)) {
+    streams->wait(early[m].e);
+    ++ctr.early_waits;
   }
   close_early(m);
 }
@@ -392,15 +400,8 @@ void pool_resource::impl::poll_early() noexcept {
 // changed.
 void pool_resource::impl::settle_early(detail::arena* a, std::size_t p, std::size_t e) {
   if (!early_pages || a->early.empty()) return;
-  for (std::size_t q = p; q < e; ++q) {
-    const std::uint32_t m = a->early[q];
-    if (!m || early[m].done) continue;
-    if (!early_known_done(m) && !streams->done(early[m].e)) {
-      streams->wait(early[m].e);
-      ++ctr.early_waits;
-    }
-    close_early(m);
-  }
+  for (std::size_t q = p; q < e; ++q)
+    if (const std::uint32_t m = a->early[q]) await_early(m);
   forget_early(a, p, e);
 }
 

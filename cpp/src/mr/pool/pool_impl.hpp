@@ -147,6 +147,7 @@ struct pool_resource::impl {
   std::vector<page_handle> early_got;     // the pages the last acquire took early
   void spares_from_acquire(std::vector<page_handle>& hs) noexcept;
   void finish_early(std::uint32_t m) noexcept;
+  void await_early(std::uint32_t m);
   bool steal_early(std::uint32_t slot, std::size_t want, std::vector<page_handle>& out, std::uint32_t& mark);
   void close_early(std::uint32_t m) noexcept;
   bool early_known_done(std::uint32_t m) const;
