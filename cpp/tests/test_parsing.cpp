@@ -95,4 +95,10 @@ TEST(Parsing, RemapOwnNeedsKeptMappings) {
   o.parse("remap_own:false,keep_mappings:false");
   EXPECT_FALSE(o.keep_mappings);
   EXPECT_THROW(o.parse("remap_own:maybe"), invalid_argument);
+  o.parse("remap_own_slack:0.08");
+  EXPECT_DOUBLE_EQ(o.remap_own_slack, 0.08);
+  EXPECT_NE(o.to_string().find("remap_own_slack:0.0800"), std::string::npos) << o.to_string();
+  for (const char* bad : {"remap_own_slack:-0.1", "remap_own_slack:101", "remap_own_slack:8%", "remap_own_slack:"})
+    EXPECT_THROW(o.parse(bad), invalid_argument) << bad;
+  EXPECT_DOUBLE_EQ(o.remap_own_slack, 0.08);  // a refused string changes nothing
 }

@@ -480,6 +480,41 @@ TEST(pool, remap_own_takes_its_streams_frees_at_once_and_waits_only_to_unmap_the
   }
 }
 
+// remap_own_slack: with the GPU behind, the pool grows up to that bound
+// before it takes its own stream's frees early, and takes them past it.
+TEST(pool, remap_own_slack_grows_first_up_to_its_bound) {
+  for (double bound : {0.0, 0.5}) {
+    SCOPED_TRACE(bound);
+    auto ev = std::make_shared<ordered_events>();
+    pool_options o;
+    o.chunk_size = 0;
+    o.remap_own = true;
+    o.remap_own_slack = bound;
+    pool_resource pool(std::make_shared<host_page_device>(64 * GiB), ev, o);
+    const stream_t s = 0x10;
+    std::vector<void*> v;
+    for (int i = 0; i < 32; ++i) v.push_back(pool.allocate(8 * MiB, s));  // 256 MiB
+    for (int i = 0; i < 24; ++i) pool.deallocate_checked(v[i], 0, s);    // 64 MiB live, 192 MiB free
+    const std::size_t before = pool.state().reserved_bytes;
+    void* big = pool.allocate(200 * MiB, s);  // fits no free block; 264 MiB live
+    const std::size_t grown = pool.state().reserved_bytes - before;
+    const std::size_t early = pool.counters().pages_taken_early;
+    if (bound == 0.0) {
+      EXPECT_LE(grown, 16 * MiB) << "grew although the stream's own frees were there";
+    } else {  // growth up to 1.5 x 264 MiB = 396 MiB reserved, then the frees
+      EXPECT_GE(grown, 120 * MiB);
+      EXPECT_LE(pool.state().reserved_bytes, 396 * MiB + 4 * MiB);
+    }
+    EXPECT_GT(early, 0u) << "nothing taken early past the bound";
+    EXPECT_EQ(ev->waits, 0);
+    pool.check_invariants();
+    ev->completed = ev->recorded;
+    pool.deallocate_checked(big, 0, s);
+    for (int i = 24; i < 32; ++i) pool.deallocate_checked(v[i], 0, s);
+    pool.check_invariants();
+  }
+}
+
 // remap_own: once a reclaim event of the stream has shown the old blocks'
 // work done, a block of another stream placed over their old addresses does
 // not wait for the later, unrelated work that the early mark's event covers.

@@ -290,6 +290,15 @@ bool pool_resource::impl::acquire_some(std::size_t n, std::size_t need_live, std
         if (reclaim_streams(false)) continue;
       }
     }
+    // remap_own: growth up to remap_own_slack before the own stream's frees.
+    if (opt.remap_own && opt.remap_own_slack > opt.growth_slack && slot != 0 && reserved + page <= limit &&
+        static_cast<double>(reserved - held_ahead_bytes() + page) <=
+            (1.0 + opt.remap_own_slack) * static_cast<double>(std::max(need_live, peak_live))) {
+      if (page_handle h = create_page()) {
+        out.push_back(h);
+        continue;
+      }
+    }
     if (opt.remap_own && opt.remap && slot != 0) {
       // Early pages for the block's interior only: its edge pages, whose
       // other part another stream may get, take other pages (below: the own
