@@ -2,6 +2,8 @@
 // and threads.
 #include <gtest/gtest.h>
 
+#include <memory>
+
 #include <atomic>
 #include <cstring>
 #include <map>
@@ -417,6 +419,18 @@ struct ordered_events : stream_ops {
   }
   void release(event_id) noexcept override {}
 };
+// The remap_own tests' pool: single pages (no chunks) over the host device,
+// with `remap_own` on or off.
+std::unique_ptr<pool_resource> single_page_pool(std::shared_ptr<stream_ops> events, bool own,
+                                                double growth_slack = pool_options{}.growth_slack,
+                                                double own_slack = 0.0) {
+  pool_options o;
+  o.chunk_size = 0;
+  o.remap_own = own;
+  o.growth_slack = growth_slack;
+  o.remap_own_slack = own_slack;
+  return std::make_unique<pool_resource>(std::make_shared<host_page_device>(64 * GiB), std::move(events), o);
+}
 }  // namespace
 
 // remap_own, with a GPU that never finishes anything unless waited for: a
@@ -428,10 +442,8 @@ TEST(pool, remap_own_takes_its_streams_frees_at_once_and_waits_only_to_unmap_the
   for (bool own : {false, true}) {
     SCOPED_TRACE(own ? "remap_own" : "default");
     auto ev = std::make_shared<ordered_events>();
-    pool_options o;
-    o.chunk_size = 0;
-    o.remap_own = own;
-    pool_resource pool(std::make_shared<host_page_device>(64 * GiB), ev, o);
+    auto owned = single_page_pool(ev, own);
+    pool_resource& pool = *owned;
     const stream_t s = 0x10, other = 0x20;
     std::vector<void*> v;
     for (int i = 0; i < 32; ++i) v.push_back(pool.allocate(8 * MiB, s));
@@ -486,11 +498,8 @@ TEST(pool, remap_own_slack_grows_first_up_to_its_bound) {
   for (double bound : {0.0, 0.5}) {
     SCOPED_TRACE(bound);
     auto ev = std::make_shared<ordered_events>();
-    pool_options o;
-    o.chunk_size = 0;
-    o.remap_own = true;
-    o.remap_own_slack = bound;
-    pool_resource pool(std::make_shared<host_page_device>(64 * GiB), ev, o);
+    auto owned = single_page_pool(ev, true, pool_options{}.growth_slack, bound);
+    pool_resource& pool = *owned;
     const stream_t s = 0x10;
     std::vector<void*> v;
     for (int i = 0; i < 32; ++i) v.push_back(pool.allocate(8 * MiB, s));  // 256 MiB
@@ -531,11 +540,8 @@ TEST(pool, remap_own_does_not_wait_for_work_a_reclaim_showed_done) {
     void release(event_id) noexcept override {}
   };
   auto g = std::make_shared<queues>();
-  pool_options o;
-  o.chunk_size = 0;
-  o.remap_own = true;
-  o.growth_slack = 0;
-  pool_resource pool(std::make_shared<host_page_device>(64 * GiB), g, o);
+  auto owned = single_page_pool(g, true, 0.0);
+  pool_resource& pool = *owned;
   const stream_t S = 1, T = 2;
   void* a1 = pool.allocate(8 * MiB, S);
   void* a2 = pool.allocate(8 * MiB, S);
@@ -577,11 +583,8 @@ TEST(pool, page_supply_leaves_a_stream_being_captured_alone) {
   for (bool own : {false, true}) {
     SCOPED_TRACE(own ? "remap_own" : "default");
     auto g = std::make_shared<capture>();
-    pool_options o;
-    o.chunk_size = 0;
-    o.remap_own = own;
-    o.growth_slack = 0;
-    pool_resource pool(std::make_shared<host_page_device>(64 * GiB), g, o);
+    auto owned = single_page_pool(g, own, 0.0);
+    pool_resource& pool = *owned;
     void* a = pool.allocate(8 * MiB, 1);
     void* b = pool.allocate(8 * MiB, 1);
     pool.deallocate_checked(a, 0, 1);
