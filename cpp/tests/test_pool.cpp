@@ -2,11 +2,10 @@
 // and threads.
 #include <gtest/gtest.h>
 
-#include <memory>
-
 #include <atomic>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <random>
 #include <thread>
 
