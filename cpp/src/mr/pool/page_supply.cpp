@@ -18,12 +18,13 @@ namespace vramkit {
 // counts), so the pool reuses its own free pages rather than grow with every
 // new shape of request. A new page counts whole; a growth chunk not at all
 // (growth_chunks: the pool, within its slack, runs at most a chunk ahead).
-bool pool_resource::impl::may_grow_by(std::size_t bytes, std::size_t counted, std::size_t need_live) const {
+bool pool_resource::impl::may_grow_by(std::size_t bytes, std::size_t counted, std::size_t need_live,
+                                      double slack) const {
   if (reserved + bytes > limit) return false;
   if (!opt.remap) return true;
   // Pages made ahead (map_ahead) are a bounded extra, not growth.
   return static_cast<double>(reserved - held_ahead_bytes() + counted) <=
-         (1.0 + opt.growth_slack) * static_cast<double>(std::max(need_live, peak_live));
+         (1.0 + slack) * static_cast<double>(std::max(need_live, peak_live));
 }
 
 // A new physical page from the device (0 when it has none left), counted.
@@ -291,9 +292,8 @@ bool pool_resource::impl::acquire_some(std::size_t n, std::size_t need_live, std
       }
     }
     // remap_own: growth up to remap_own_slack before the own stream's frees.
-    if (opt.remap_own && opt.remap_own_slack > opt.growth_slack && slot != 0 && reserved + page <= limit &&
-        static_cast<double>(reserved - held_ahead_bytes() + page) <=
-            (1.0 + opt.remap_own_slack) * static_cast<double>(std::max(need_live, peak_live))) {
+    if (opt.remap_own && opt.remap_own_slack > opt.growth_slack && slot != 0 &&
+        may_grow_by(page, page, need_live, opt.remap_own_slack)) {
       if (page_handle h = create_page()) {
         out.push_back(h);
         continue;

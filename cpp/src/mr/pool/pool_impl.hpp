@@ -117,7 +117,11 @@ struct pool_resource::impl {
 
   // ---- page supply (page_supply.cpp) -------------------------------------
   static constexpr int steal_scan = 32;
-  bool may_grow_by(std::size_t bytes, std::size_t counted, std::size_t need_live) const;
+  // slack: growth_slack, or remap_own_slack before the own stream's frees are taken early.
+  bool may_grow_by(std::size_t bytes, std::size_t counted, std::size_t need_live, double slack) const;
+  bool may_grow_by(std::size_t bytes, std::size_t counted, std::size_t need_live) const {
+    return may_grow_by(bytes, counted, need_live, opt.growth_slack);
+  }
   page_handle create_page();
   std::size_t steal(std::uint32_t slot, std::size_t want, std::vector<page_handle>& out, std::uint32_t mark = 0);
   // edges: how many of the n pages back a block's edge pages (remap_own takes none of those early).
