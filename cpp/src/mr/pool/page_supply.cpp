@@ -14,7 +14,8 @@ namespace vramkit {
 
 // Whether the pool may grow by `bytes` before any free page is moved: within
 // the reserve limit and, when remapping, with `counted` of them within
-// growth_slack of the live peak (a block about to hold need_live bytes
+// `slack` of the live peak (growth_slack; remap_own_slack before the own
+// stream's frees are taken early; a block about to hold need_live bytes
 // counts), so the pool reuses its own free pages rather than grow with every
 // new shape of request. A new page counts whole; a growth chunk not at all
 // (growth_chunks: the pool, within its slack, runs at most a chunk ahead).
