@@ -19,6 +19,10 @@
 // (diagnostic) VKLAG=L: a GPU L operations behind the host; an event recorded
 // at operation i completes at operation i + L (or when waited for). VKJITTER=S:
 // each event's lag drawn from [L/2, 3L/2] (seed S), as a GPU's pace varies.
+// VKSYNC=F,P: the host waits for the GPU before operation F and every P
+// operations after it (a training loop's synchronize at each step's end).
+// VKGROW=1: each growth of the last pass (VKGROWALL: of every pass), with
+// where the mapped pages lie (chunk pages a live block holds among them).
 struct lag_streams : vramkit::stream_ops {
   std::size_t now = 0, lag = 0, caught_up = 0, waits = 0;
   std::vector<std::size_t> at{0}, lag_of{0};
@@ -160,16 +164,33 @@ int main(int argc, char** argv) {
   if (std::getenv("VKLAG")) {
     std::vector<void*> ptr(ops.size(), nullptr);
     int passes = std::getenv("VKPASSES") ? std::atoi(std::getenv("VKPASSES")) : 4;
-    std::size_t live = 0, peak_live = 0;
+    std::size_t live = 0, peak_live = 0, sync_first = 0, sync_period = 0;
+    if (const char* sy = std::getenv("VKSYNC")) {
+      char* end = nullptr;
+      sync_first = std::strtoull(sy, &end, 10);
+      if (*end == ',') sync_period = std::strtoull(end + 1, nullptr, 10);
+    }
     for (int pass = 0; pass < passes; ++pass) {
       auto c0 = pool.counters();
       const std::size_t waits0 = lag->waits;
       for (auto& t : ops) {
         ++lag->now;
+        if (sync_period) {  // VKSYNC=first,period: the host waits for the GPU there (a step's end)
+          const std::size_t i = static_cast<std::size_t>(&t - ops.data());
+          if (i >= sync_first && (i - sync_first) % sync_period == 0) lag->caught_up = lag->now;
+        }
         if (t.action == 0) {
+          const std::size_t r0 = pool.state().reserved_bytes;
           ptr[t.id] = pool.allocate(t.size, t.stream);
           live += t.size;
           peak_live = std::max(peak_live, live);
+          if (std::getenv("VKGROW") && (pass == passes - 1 || std::getenv("VKGROWALL")) && pool.state().reserved_bytes > r0) {
+            auto u = pool.usage();
+            std::printf("grow op %zu size %.2fM stream %u +%zu MiB reserved %zu live %zu | mapped %zu liveov %zu freeint %zu chunks %zu held %zu spare %zu\n",
+                        static_cast<std::size_t>(&t - ops.data()), t.size / 1048576.0, (unsigned)t.stream,
+                        (pool.state().reserved_bytes - r0) >> 20, pool.state().reserved_bytes >> 20, live >> 20,
+                        u.mapped[0], u.live_overlap[0], u.free_interior_mapped[0], u.in_chunks, u.chunk_free_held, u.spare);
+          }
         } else {
           live -= pool.allocation_size(ptr[t.id]);
           if (check) check->freed(reinterpret_cast<std::uintptr_t>(ptr[t.id]), pool.allocation_size(ptr[t.id]));

@@ -97,6 +97,8 @@ TEST(pool_chunks, release_gives_back_chunks_wholly_free_and_keeps_those_a_live_b
   pool.deallocate(a, 64 * MiB, 0);
   void* b = pool.allocate(10 * MiB, 0);  // over the first chunks, in place
   EXPECT_EQ(b, a);
+  // Pages 5..7 of chunk 1 are in no live block but cannot move: b holds page 4.
+  EXPECT_EQ(pool.usage().chunk_free_held, 3u);
   pool.release_cached();
   consistent(pool, *dev);
   // 10 MiB touch pages 0..4: chunks 0 and 1 stay, the six others went back.
@@ -105,6 +107,7 @@ TEST(pool_chunks, release_gives_back_chunks_wholly_free_and_keeps_those_a_live_b
   EXPECT_EQ(pool.state().reserved_bytes, 16 * MiB);
   std::memset(b, 1, 10 * MiB);
   pool.deallocate(b, 10 * MiB, 0);
+  EXPECT_EQ(pool.usage().chunk_free_held, 0u);  // no chunk touched by a live block
   pool.release_cached();
   consistent(pool, *dev);
   EXPECT_EQ(pool.state().reserved_bytes, 0u);

@@ -93,6 +93,7 @@ void bind_resource(nb::module_& m) {
             d["spare"] = u.spare;
             d["made_ahead"] = u.ahead;
             d["in_chunks"] = u.in_chunks;
+            d["chunk_free_held"] = u.chunk_free_held;
             d["page_size"] = p->page_size();
             return d;
           })

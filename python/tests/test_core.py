@@ -155,3 +155,22 @@ def test_pool_pages_of_another_size_are_backed_whole():
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
     assert p.returncode == 0, p.stderr[-2000:]
     assert int(p.stdout.split()[-1]) % (8 << 20) == 0
+
+
+def test_pool_page_usage_counts_chunk_pages_a_live_block_holds():
+    """pool_page_usage() on the host pool with 8 MiB chunks: a 10 MiB block in place over freed
+    chunks holds 5 pages; the chunk of its last page has 3 free pages that cannot move."""
+    MiB = 1 << 20
+    r = vramkit.make_resource("pool:chunk_size:8MiB", 0)
+    a = r.allocate(64 * MiB)
+    r.deallocate(a, 64 * MiB)
+    b = r.allocate(10 * MiB)
+    try:
+        u = r.pool_page_usage()
+        assert u["in_chunks"] == 32 and u["under_live_blocks_large"] == 5, u
+        assert u["chunk_free_held"] == 3, u
+    finally:
+        r.deallocate(b, 10 * MiB)
+    assert r.pool_page_usage()["chunk_free_held"] == 0
+    r.release_cached()
+    assert r.pool_page_usage()["mapped_large"] == 0

@@ -93,6 +93,9 @@ class pool_resource final : public device_resource {
     std::size_t spare = 0;
     std::size_t ahead = 0;  // map_ahead: pages made ahead, and the batch being made
     std::size_t in_chunks = 0;  // chunk_size: mapped pages that belong to chunks
+    // chunk_size: pages of chunks that a live block partly holds, in no live
+    // block themselves (reusable where they are; they cannot move)
+    std::size_t chunk_free_held = 0;
   };
   page_usage usage() const;
 

@@ -232,6 +232,13 @@ pool_resource::page_usage pool_resource::impl::usage() const {
       u.mapped[a->small] += a->mapped(p);
       u.live_overlap[a->small] += live[p];
     }
+    if (chunk >= 2 && !a->chunk_bits.empty())
+      for (std::size_t c = 0; c + chunk <= np; c += chunk) {
+        if (!a->in_chunk(c)) continue;
+        std::size_t n_live = 0;
+        for (std::size_t p = c; p < c + chunk; ++p) n_live += live[p];
+        if (n_live && n_live < chunk) u.chunk_free_held += chunk - n_live;
+      }
   }
   u.spare = spare_handles.size();
   u.ahead = held_ahead_bytes() / page;
