@@ -359,6 +359,88 @@ TEST(pool, streams_do_not_share_blocks_until_their_work_is_done) {
   pool.check_invariants();
 }
 
+// Event calls that fail (a device error, no event left): a free that cannot
+// record its event neither throws nor hands the memory out; the event is
+// recorded at a later look, and every event recorded goes back.
+TEST(pool, a_free_whose_event_cannot_be_recorded_stays_pending_until_one_is) {
+  struct failing_events : stream_ops {
+    int record_failures = 0, query_failures = 0, wait_failures = 0, recorded = 0, released = 0;
+    bool complete = false;
+    event_id record(stream_t) override {
+      if (record_failures > 0 && record_failures--) throw cuda_error("injected cudaEventRecord failure", 700);
+      return static_cast<event_id>(++recorded);
+    }
+    bool done(event_id) override {
+      if (query_failures > 0 && query_failures--) throw cuda_error("injected cudaEventQuery failure", 700);
+      return complete;
+    }
+    void wait(event_id) override {
+      if (wait_failures > 0 && wait_failures--) throw cuda_error("injected cudaEventSynchronize failure", 700);
+      complete = true;
+    }
+    void release(event_id e) noexcept override {
+      EXPECT_NE(e, 0u) << "an event never recorded was released";
+      ++released;
+    }
+  };
+  auto ev = std::make_shared<failing_events>();
+  auto dev = std::make_shared<host_page_device>(GiB);
+  {
+    pool_resource pool(dev, ev);
+    const stream_t a = 0x10, b = 0x20;
+    void* r = pool.allocate(2 * MiB, a);
+    pool.record_stream(r, b);
+    ev->record_failures = 2;  // at the free, and at the next look
+    EXPECT_NO_THROW(pool.deallocate_checked(r, 0, a));
+    EXPECT_EQ(pool.state().pending_free_bytes, 2 * MiB);
+    pool.check_invariants();
+    void* r2 = pool.allocate(2 * MiB, a);  // looks at the pending free: the record fails again
+    EXPECT_NE(r2, r) << "memory another stream may still use was handed out";
+    EXPECT_EQ(ev->recorded, 0);
+    void* r3 = pool.allocate(2 * MiB, a);  // recorded now; not done yet
+    EXPECT_NE(r3, r);
+    EXPECT_EQ(ev->recorded, 1);
+    EXPECT_EQ(pool.state().pending_free_bytes, 2 * MiB);
+    ev->query_failures = 1;  // a failing query: still pending, no error for the request
+    void* r4 = nullptr;
+    EXPECT_NO_THROW(r4 = pool.allocate(2 * MiB, a));
+    EXPECT_NE(r4, r);
+    EXPECT_EQ(pool.state().pending_free_bytes, 2 * MiB);
+    ev->complete = true;
+    void* r5 = pool.allocate(1 * MiB, a);  // done: the free goes through
+    EXPECT_EQ(pool.state().pending_free_bytes, 0u);
+    for (void* q : {r2, r3, r4, r5}) pool.deallocate_checked(q, 0, a);
+    pool.check_invariants();
+    // A free pending when release_cached waits, its record failing there:
+    // the error reaches the caller, and the free stays pending, whole.
+    ev->complete = false;
+    void* s1 = pool.allocate(4 * MiB, a);
+    pool.record_stream(s1, b);
+    ev->record_failures = 2;
+    pool.deallocate_checked(s1, 0, a);
+    EXPECT_THROW(pool.release_cached(), cuda_error);
+    EXPECT_EQ(pool.state().pending_free_bytes, 4 * MiB);
+    pool.check_invariants();
+    pool.release_cached();  // recorded and waited for now
+    EXPECT_EQ(pool.state().pending_free_bytes, 0u);
+    EXPECT_EQ(pool.state().reserved_bytes, 0u);
+    pool.check_invariants();
+    // A pending free whose event was never recorded, left at the pool's end.
+    void* t = pool.allocate(2 * MiB, a);
+    pool.record_stream(t, b);
+    ev->record_failures = 1;
+    pool.deallocate_checked(t, 0, a);
+  }
+  EXPECT_EQ(ev->released, ev->recorded) << "events recorded and never released";
+  EXPECT_EQ(dev->created_bytes(), 0u);
+  // wait_for_stream gives its event back when the wait fails.
+  ev->wait_failures = 1;
+  const int before = ev->recorded;
+  EXPECT_THROW(ev->wait_for_stream(0x10), cuda_error);
+  EXPECT_EQ(ev->recorded, before + 1);
+  EXPECT_EQ(ev->released, ev->recorded);
+}
+
 // A stream whose work never finishes unless someone waits for it (a GPU far
 // behind the host): with wait_to_remap the pool waits and remaps the pages
 // that stream freed; without it, it grows.

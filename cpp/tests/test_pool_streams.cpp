@@ -32,6 +32,16 @@ constexpr std::size_t PG = std::size_t{2} << 20, MiB = std::size_t{1} << 20;
 struct world {
   std::mt19937_64 rng;
   int nstreams = 3, progress = 0, fault_every = 0;
+  // Event calls that fail: every event_faults-th record, query or wait throws.
+  // A wait that fails is a device that failed: the pool may then take its
+  // work for done (it will never run), and so does the model.
+  int event_faults = 0;
+  long event_calls = 0, event_failures = 0;
+  bool event_fails() {
+    if (!event_faults || ++event_calls % event_faults) return false;
+    ++event_failures;
+    return true;
+  }
   std::size_t queued[8] = {}, completed[8] = {};
   long calls = 0, events_out = 0;
   // What went wrong.
@@ -200,15 +210,23 @@ class model_streams final : public stream_ops {
   explicit model_streams(world& w) : w_(w) {}
   static std::size_t pos(event_id e) { return e & ((event_id{1} << 40) - 1); }
   event_id record(stream_t s) override {
+    if (w_.event_fails()) throw cuda_error("injected event record failure", 4);
     ++w_.events_out;
     return (static_cast<event_id>(s) << 40) | ++w_.queued[s];
   }
   bool done(event_id e) override {
+    if (w_.event_fails()) throw cuda_error("injected event query failure", 4);
     if (w_.progress && w_.rnd(static_cast<std::size_t>(w_.progress)) == 0)
       w_.advance(1 + w_.rnd(static_cast<std::size_t>(w_.nstreams)));  // the GPU moves on between queries
     return w_.completed[e >> 40] >= pos(e);
   }
-  void wait(event_id e) override { w_.completed[e >> 40] = std::max(w_.completed[e >> 40], pos(e)); }
+  void wait(event_id e) override {
+    if (w_.event_fails()) {
+      std::copy(w_.queued, w_.queued + 8, w_.completed);
+      throw cuda_error("injected event wait failure", 4);
+    }
+    w_.completed[e >> 40] = std::max(w_.completed[e >> 40], pos(e));
+  }
   void release(event_id) noexcept override { --w_.events_out; }
 
  private:
@@ -222,6 +240,7 @@ struct config {
   std::size_t chunk = 0;  // pages per chunk (0: the device makes none)
   bool remap_own = false;
   bool growth_chunks = false;
+  int event_faults = 0;
 };
 
 void run(const config& c, std::uint64_t seed, int iters, pool_counters* out = nullptr) {
@@ -230,6 +249,7 @@ void run(const config& c, std::uint64_t seed, int iters, pool_counters* out = nu
   w.nstreams = c.nstreams;
   w.progress = c.progress;
   w.fault_every = c.fault_every;
+  w.event_faults = c.event_faults;
   w.chunks = c.chunk > 0;
   auto dev = std::make_shared<model_device>(w, 384 * MiB);
   pool_options o;
@@ -291,9 +311,15 @@ void run(const config& c, std::uint64_t seed, int iters, pool_counters* out = nu
       } else if (op < 98) {
         w.advance(stream());
       } else if (op < 99) {
-        pool.release_cached();
+        try {
+          pool.release_cached();
+        } catch (const cuda_error&) {  // an event call failed (event_faults)
+        }
       } else {
-        pool.set_reserve_limit(w.rnd(2) ? 0 : 256 * MiB);
+        try {
+          pool.set_reserve_limit(w.rnd(2) ? 0 : 256 * MiB);
+        } catch (const cuda_error&) {
+        }
       }
       ASSERT_NO_THROW(pool.check_invariants()) << "step " << it;
       w.prune();
@@ -378,4 +404,31 @@ TEST(pool_streams, lagging_gpu_queues_faults_and_physical_pages) {
     }
   EXPECT_GT(early, 100u) << "the remap_own runs took (almost) no page early: they test nothing";
   EXPECT_GT(early_waits, 0u) << "no old address of a page taken early was ever needed before its work was done";
+}
+
+// Event calls that fail now and then (record, query, wait): the pool stays
+// consistent after each, never hands out memory that pending work uses, and
+// gives back every event it recorded and every page.
+TEST(pool_streams, event_calls_that_fail) {
+  const config configs[] = {
+      {3, 2, 0, 0.02, true, 0, false, false, 7},  {2, 3, 11, 0.0, true, 0, false, false, 5},
+      {3, 2, 0, 0.02, true, 0, true, false, 7},   {2, 0, 7, 0.0, true, 4, true, false, 9},
+      {3, 3, 0, 0.02, true, 4, true, true, 13},
+  };
+  std::vector<std::uint64_t> seeds = {1, 2, 3};
+#if defined(__SANITIZE_THREAD__)
+  seeds = {1};
+#endif
+  if (const char* n = std::getenv("VRAMKIT_STREAM_SEEDS")) {
+    seeds.clear();
+    for (std::uint64_t i = 1; i <= std::strtoull(n, nullptr, 10); ++i) seeds.push_back(i);
+  }
+  for (const config& c : configs)
+    for (std::uint64_t seed : seeds) {
+      SCOPED_TRACE(testing::Message() << "streams " << c.nstreams << ", progress " << c.progress << ", faults every "
+                                      << c.fault_every << ", event faults every " << c.event_faults << ", chunk "
+                                      << c.chunk << ", remap_own " << c.remap_own << ", seed " << seed);
+      run(c, seed, 6000);
+      if (HasFatalFailure()) return;
+    }
 }

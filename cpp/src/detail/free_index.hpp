@@ -35,7 +35,7 @@ struct block {
   bool hollow = false;
   bool in_steal = false;
   std::vector<stream_t> extra_streams;  // record_stream (rare)
-  std::vector<event_id> events;         // pending frees
+  std::vector<event_id> events;         // pending frees: one per extra stream, 0 while not recorded
 };
 
 // Recycles block records so the hot path never calls the heap.

@@ -91,7 +91,8 @@ pool_resource::impl::~impl() {
     if (s.progress_pending) streams->release(s.progress);
   }
   for (block* b : pending)
-    for (event_id e : b->events) streams->release(e);
+    for (event_id e : b->events)
+      if (e) streams->release(e);
   for (std::size_t m = 1; m < early.size(); ++m)
     if (!early[m].done) streams->release(early[m].e);
   // Every mapping goes before any page is destroyed: a page in use in one
@@ -170,7 +171,17 @@ free_status pool_resource::impl::deallocate(void* ptr, std::size_t bytes, stream
       std::find(b->extra_streams.begin(), b->extra_streams.end(), stream) == b->extra_streams.end())
     b->extra_streams.push_back(stream);
   if (!b->extra_streams.empty()) {
-    for (stream_t s : b->extra_streams) b->events.push_back(streams->record(s));
+    // An event that cannot be recorded now (0) is recorded later, when the
+    // pending frees are looked at: the block waits for it (a later event
+    // covers the work queued before this free too).
+    for (stream_t s : b->extra_streams) {
+      event_id e = 0;
+      try {
+        e = streams->record(s);
+      } catch (...) {
+      }
+      b->events.push_back(e);
+    }
     b->state = block::pending_state;
     pending_bytes += b->size;
     pending.push_back(b);
@@ -181,7 +192,12 @@ free_status pool_resource::impl::deallocate(void* ptr, std::size_t bytes, stream
   const bool paged = b->ar->paged;  // (b may be merged away by free_into)
   slots.free_into(b, to, ++free_seq, blocks);
   if (to != 0 && opt.remap && paged) note_progress(slots[to]);
-  if (opt.release_threshold != std::numeric_limits<std::size_t>::max()) trim_to(opt.release_threshold, true);
+  if (opt.release_threshold != std::numeric_limits<std::size_t>::max()) {
+    try {  // the free is done; giving memory back is only an attempt here
+      trim_to(opt.release_threshold, true);
+    } catch (...) {
+    }
+  }
   return free_status::ok;
 }
 

@@ -21,10 +21,16 @@ class stream_ops {
   // would become part of the graph and could not be queried. The pool's
   // non-blocking event calls leave such a stream alone.
   virtual bool capturing(stream_t /*s*/) noexcept { return false; }
-  // Blocks until the work queued on `s` so far is done.
+  // Blocks until the work queued on `s` so far is done (the event goes back
+  // when the wait fails too).
   void wait_for_stream(stream_t s) {
     event_id e = record(s);
-    wait(e);
+    try {
+      wait(e);
+    } catch (...) {
+      release(e);
+      throw;
+    }
     release(e);
   }
 };

@@ -129,7 +129,11 @@ void pool_resource::impl::check() const {
   if (live_sum != live_bytes) fail("live bytes do not add up");
   if (live_n != live.size()) fail("live table has stale entries");
   std::size_t pend = 0;
-  for (auto* b : pending) pend += b->size;
+  for (auto* b : pending) {
+    pend += b->size;
+    if (b->state != block::pending_state || b->events.size() != b->extra_streams.size())
+      fail("a pending free without one event (or its place) per stream that used it");
+  }
   if (pend != pending_bytes) fail("pending bytes do not add up");
   if (stale_pages != stale) fail("the count of kept mappings is stale");
   if (!opt.keep_mappings && stale_pages) fail("a mapping kept with keep_mappings off");

@@ -234,10 +234,18 @@ void pool_resource::impl::finish_early(std::uint32_t m) noexcept {
 }
 
 // Waits for mark m's event unless its work is known done, and closes m.
-// Throws what the wait throws, with m still open.
+// A query that fails is not an answer: the wait decides. Throws what the
+// wait throws, with m still open.
 void pool_resource::impl::await_early(std::uint32_t m) {
   if (early[m].done) return;
-  if (!early_known_done(m) && !streams->done(early[m].e)) {
+  bool done = early_known_done(m);
+  if (!done) {
+    try {
+      done = streams->done(early[m].e);
+    } catch (...) {
+    }
+  }
+  if (!done) {
     streams->wait(early[m].e);
     ++ctr.early_waits;
   }

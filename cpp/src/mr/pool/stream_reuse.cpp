@@ -13,10 +13,27 @@ void pool_resource::impl::process_pending(bool wait) {
   for (std::size_t i = 0; i < pending.size();) {
     block* b = pending[i];
     bool ready = true;
-    for (event_id e : b->events) {
-      if (wait)
+    for (std::size_t k = 0; k < b->events.size(); ++k) {
+      event_id& e = b->events[k];
+      if (!e) {  // not recorded at the free: now, or (not waiting) at a later look
+        try {
+          e = streams->record(b->extra_streams[k]);
+        } catch (...) {
+          if (wait) throw;
+          ready = false;
+          break;
+        }
+      }
+      if (wait) {
         streams->wait(e);
-      else if (!streams->done(e)) {
+        continue;
+      }
+      bool done = false;
+      try {
+        done = streams->done(e);
+      } catch (...) {  // not known done: the block stays pending
+      }
+      if (!done) {
         ready = false;
         break;
       }
@@ -108,17 +125,29 @@ bool pool_resource::impl::reclaim_streams(bool wait, bool progress) {
     // Not waiting, a stream being captured gets no event (it would join the
     // graph and could not be asked); its blocks wait for the capture's end.
     if (!wait && s.free_blocks && !s.event_pending && streams->capturing(s.stream)) continue;
+    // Not waiting, an event call that fails leaves the slot as it is (its
+    // frees are not known done); waiting, the failure reaches the caller.
     for (int round = 0; round < (wait ? 2 : 1); ++round) {
       if (s.free_blocks == 0) break;
       if (!s.event_pending) {
-        s.event = streams->record(s.stream);
+        try {
+          s.event = streams->record(s.stream);
+        } catch (...) {
+          if (wait) throw;
+          break;
+        }
         s.event_seq = free_seq;
         s.event_pending = true;
       }
       if (wait) {
         streams->wait(s.event);
-      } else if (!streams->done(s.event)) {
-        break;
+      } else {
+        bool done = false;
+        try {
+          done = streams->done(s.event);
+        } catch (...) {
+        }
+        if (!done) break;
       }
       streams->release(s.event);
       s.event_pending = false;
