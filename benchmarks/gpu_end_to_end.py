@@ -433,6 +433,16 @@ def main(argv=None) -> int:
     if shares:  # kernels streaming over 2 MiB handles run slower than over large ones (BENCHMARKS 5)
         print("\nvramkit pools' mapped pages in chunks at the end of a run (median %): "
               + ", ".join(f"{w} {al} {x:.0f}" for w, al, x in shares))
+    calls = [r for r in doc["summary"] if r.get("page_calls_cold_ms") is not None]
+    if calls:  # what the driver's page calls cost inside the steps (median over the repeats)
+        print("\nvramkit pools' time in page calls (create, map, unmap, destroy), first step / warm step median, ms:")
+        for r in calls:
+            warm = r.get("page_calls_warm_ms")
+            line = (f"  {r['workload']:10s} {r['allocator']:30s} {r['page_calls_cold_ms']:8.1f} / "
+                    + ("-" if warm is None else f"{warm:.2f}"))
+            if r.get("cold_ms") and r.get("warm_ms"):
+                line += f"   (steps: cold {r['cold_ms']:.0f} ms, warm {r['warm_ms']:.1f} ms)"
+            print(line)
     for w in unique(a.workloads):
         v, t = rows.get((w, "vramkit")), rows.get((w, "vramkit-tracking"))
         if v and t and v["warm_ms"] and t["warm_ms"]:

@@ -87,6 +87,24 @@ def chunk_share(run: dict) -> float | None:
     return 100.0 * u.get("in_chunks", 0) / mapped if mapped else None
 
 
+PAGE_CALL_KEYS = ("page_create_ns", "page_map_ns", "page_unmap_ns", "page_destroy_ns")
+
+
+def page_call_ms(run: dict) -> tuple[float | None, float | None]:
+    """Time inside the pool's page device calls (create, map with access rights, unmap, destroy)
+    in the first step and, as a median, in the warm steps (after ``warmup``), in ms; None without
+    the figures (PyTorch's allocators, older records)."""
+    steps = run.get("step_page_ops")
+    if not isinstance(steps, list) or not steps or not all(isinstance(s, dict) for s in steps):
+        return None, None
+    if not any(k in steps[0] for k in PAGE_CALL_KEYS):
+        return None, None
+    per = [sum(s.get(k, 0) for k in PAGE_CALL_KEYS) / 1e6 for s in steps]
+    warmup = min(max(int(run.get("warmup", 0) or 0), 0), len(per) - 1)
+    warm = per[warmup:] if warmup < len(per) else []
+    return per[0], (statistics.median(warm) if warm else None)
+
+
 def _median_or_none(xs: list) -> float | None:
     xs = [x for x in xs if isinstance(x, (int, float))]
     return statistics.median(xs) if xs else None
@@ -115,6 +133,9 @@ def summarize(runs: list[dict], workloads: list[str], allocators: list[str]) -> 
             row["spread_warm_pct"] = _spread([r.get("warm_ms") for r in good])
             row["warm_min_ms"], row["warm_total_min_ms"] = step_minimum(good)
             row["in_chunks_pct"] = _median_or_none([chunk_share(r) for r in good])
+            calls = [page_call_ms(r) for r in good]
+            row["page_calls_cold_ms"] = _median_or_none([c[0] for c in calls])
+            row["page_calls_warm_ms"] = _median_or_none([c[1] for c in calls])
             group[a] = row
             rows.append(row)
         warm = {a: [r["warm_ms"] for r in runs if r.get("workload") == w and r.get("allocator") == a and ok(r)]

@@ -27,6 +27,7 @@ class forwarding_device : public page_device {
   void map_chunk(std::uintptr_t va, page_handle h, std::size_t n) override { in_->map_chunk(va, h, n); }
   int device() const noexcept override { return 0; }
   device_properties properties() const override { return in_->properties(); }
+  page_call_times call_times() const noexcept override { return in_->call_times(); }
 
  protected:
   std::shared_ptr<page_device> in_;

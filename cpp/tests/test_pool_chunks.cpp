@@ -78,6 +78,10 @@ TEST(pool_chunks, bulk_growth_comes_in_chunks_and_single_pages_for_the_rest) {
   EXPECT_EQ(c.pages_created, 35u);
   EXPECT_EQ(pool.usage().in_chunks, 32u);
   consistent(pool, *dev);
+  // The device's calls were timed (mmap for the maps; bookkeeping for the creates).
+  EXPECT_GT(pool.counters().page_map_ns, 0u);
+  EXPECT_GT(pool.counters().page_create_ns, 0u);
+  EXPECT_EQ(pool.counters().page_unmap_ns + pool.counters().page_destroy_ns, 0u);
   std::memset(a, 0x5a, 70 * MiB);  // all of it is memory
   // Freed and asked for again: the same place, nothing created or mapped.
   pool.deallocate(a, 70 * MiB, 0);
@@ -87,6 +91,9 @@ TEST(pool_chunks, bulk_growth_comes_in_chunks_and_single_pages_for_the_rest) {
   EXPECT_EQ(pool.counters().pages_mapped, c.pages_mapped);
   pool.deallocate(b, 70 * MiB, 0);
   consistent(pool, *dev);
+  pool.release_cached();
+  EXPECT_GT(pool.counters().page_unmap_ns, 0u);
+  EXPECT_GT(pool.counters().page_destroy_ns, 0u);
 }
 
 TEST(pool_chunks, release_gives_back_chunks_wholly_free_and_keeps_those_a_live_block_touches) {

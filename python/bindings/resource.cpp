@@ -119,6 +119,10 @@ void bind_resource(nb::module_& m) {
             d["growth_chunks"] = c.growth_chunks;
             d["pages_taken_early"] = c.pages_taken_early;
             d["early_waits"] = c.early_waits;
+            d["page_create_ns"] = c.page_create_ns;
+            d["page_map_ns"] = c.page_map_ns;
+            d["page_unmap_ns"] = c.page_unmap_ns;
+            d["page_destroy_ns"] = c.page_destroy_ns;
             d["page_size"] = p->page_size();
             d["options"] = p->options().to_string();
             return d;

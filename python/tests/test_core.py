@@ -174,3 +174,18 @@ def test_pool_page_usage_counts_chunk_pages_a_live_block_holds():
     assert r.pool_page_usage()["chunk_free_held"] == 0
     r.release_cached()
     assert r.pool_page_usage()["mapped_large"] == 0
+
+
+def test_pool_counters_time_the_page_calls():
+    """pool_counters() carries the wall time inside the page device's calls: the host device's
+    mmap calls for mapping and unmapping, its bookkeeping for creating and destroying pages."""
+    MiB = 1 << 20
+    r = vramkit.make_resource("pool", 0)
+    c0 = r.pool_counters()
+    a = r.allocate(64 * MiB)
+    c1 = r.pool_counters()
+    assert c1["page_create_ns"] > c0["page_create_ns"] and c1["page_map_ns"] > c0["page_map_ns"], c1
+    r.deallocate(a, 64 * MiB)
+    r.release_cached()
+    c2 = r.pool_counters()
+    assert c2["page_unmap_ns"] > c1["page_unmap_ns"] and c2["page_destroy_ns"] > c1["page_destroy_ns"], c2

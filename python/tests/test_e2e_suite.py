@@ -182,6 +182,27 @@ def test_share_of_pages_in_chunks():
     assert rows["default"]["in_chunks_pct"] is None
 
 
+def test_time_in_page_calls_first_step_and_warm_median():
+    """The pool's page-call times per step (ns, from pool_counters): the first step's sum and the
+    median over the warm steps, in ms; medians over the repeats; nothing for runs without them."""
+    def ops(*ms):
+        return [{"page_create_ns": int(x * 0.25e6), "page_map_ns": int(x * 0.5e6), "page_unmap_ns": int(x * 0.25e6),
+                 "page_destroy_ns": 0, "pages_created": 1} for x in ms]
+    runs = [_run("m", "default", 10.0, 150, 200), _run("m", "vramkit", 9.9, 110, 160),
+            _run("m", "vramkit", 11.0, 132, 170, rep=1), _run("m", "vramkit", 10.0, 120, 165, rep=2)]
+    for r in runs:
+        r["warmup"] = 1
+    runs[1]["step_page_ops"] = ops(40, 2, 0, 4)       # warm steps 2, 0, 4: median 2
+    runs[2]["step_page_ops"] = ops(60, 1, 1, 1)
+    runs[3]["step_page_ops"] = [{"pages_created": 3}]  # recorded before the timings existed: no figure
+    assert report.page_call_ms(runs[1]) == (pytest.approx(40.0), pytest.approx(2.0))
+    assert report.page_call_ms(runs[0]) == (None, None) and report.page_call_ms(runs[3]) == (None, None)
+    rows = {r["allocator"]: r for r in report.summarize(runs, ["m"], ["default", "vramkit"])}
+    assert rows["vramkit"]["page_calls_cold_ms"] == pytest.approx(50.0)
+    assert rows["vramkit"]["page_calls_warm_ms"] == pytest.approx(1.5)
+    assert rows["default"]["page_calls_cold_ms"] is None
+
+
 def test_step_minimum_takes_each_steps_fastest_repeat():
     """The per-step statistics: each step's fastest repeat, then the median and the sum over the
     warm steps; a slow repeat does not move them, a step that is slow in every repeat does."""

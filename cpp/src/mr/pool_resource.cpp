@@ -246,8 +246,19 @@ std::size_t pool_resource::allocation_size(const void* p) const noexcept {
   return b ? (*b)->requested : 0;
 }
 pool_counters pool_resource::counters() const {
-  std::lock_guard<std::mutex> lk(impl_->mu);
-  return impl_->ctr;
+  pool_counters c;
+  {
+    std::lock_guard<std::mutex> lk(impl_->mu);
+    c = impl_->ctr;
+  }
+  if (impl_->pages) {
+    const page_call_times t = impl_->pages->call_times();
+    c.page_create_ns = t.create_ns;
+    c.page_map_ns = t.map_ns;
+    c.page_unmap_ns = t.unmap_ns;
+    c.page_destroy_ns = t.destroy_ns;
+  }
+  return c;
 }
 const pool_options& pool_resource::options() const noexcept { return impl_->opt; }
 bool pool_resource::paged() const noexcept { return !impl_->upstream; }

@@ -42,6 +42,7 @@ void host_page_device::unreserve(std::uintptr_t va, std::size_t bytes) noexcept 
 }
 
 page_handle host_page_device::create() {
+  page_call_clock::scope t(clock_.create);
   std::lock_guard<std::mutex> lk(mu_);
   if ((created_.load() + 1) * granularity_ > capacity_) return 0;
   page_handle h;
@@ -56,6 +57,7 @@ page_handle host_page_device::create() {
 }
 
 void host_page_device::destroy(page_handle h) noexcept {
+  page_call_clock::scope t(clock_.destroy);
   std::lock_guard<std::mutex> lk(mu_);
   if (h & chunk_bit) {
     auto it = chunks_.find(h);
@@ -70,6 +72,7 @@ void host_page_device::destroy(page_handle h) noexcept {
 
 page_handle host_page_device::create_chunk(std::size_t pages) {
   if (pages == 0) throw invalid_argument("host device: a chunk of 0 pages");
+  page_call_clock::scope t(clock_.create);
   std::lock_guard<std::mutex> lk(mu_);
   if ((created_.load() + pages) * granularity_ > capacity_) return 0;
   page_handle h = next_chunk_++;
@@ -92,6 +95,7 @@ void host_page_device::map_chunk(std::uintptr_t va, page_handle h, std::size_t p
 void host_page_device::map(std::uintptr_t va, const page_handle*, std::size_t count) {
   // Anonymous pages stand for the physical ones: the pool never relies on a
   // page's contents surviving a move, only on the memory being there.
+  page_call_clock::scope t(clock_.map);
   void* p = ::mmap(reinterpret_cast<void*>(va), count * granularity_, PROT_READ | PROT_WRITE,
                    MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED)
@@ -99,6 +103,7 @@ void host_page_device::map(std::uintptr_t va, const page_handle*, std::size_t co
 }
 
 void host_page_device::unmap(std::uintptr_t va, std::size_t count) noexcept {
+  page_call_clock::scope t(clock_.unmap);
   ::mmap(reinterpret_cast<void*>(va), count * granularity_, PROT_NONE,
          MAP_PRIVATE | MAP_ANONYMOUS | MAP_FIXED | MAP_NORESERVE, -1, 0);
 }

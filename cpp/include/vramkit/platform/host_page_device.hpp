@@ -32,8 +32,10 @@ class host_page_device final : public page_device {
   int device() const noexcept override { return device_; }
   std::string name() const override { return "host"; }
   device_properties properties() const override;
+  page_call_times call_times() const noexcept override { return clock_.read(); }
 
  private:
+  page_call_clock clock_;
   std::size_t capacity_, granularity_;
   int device_;
   std::atomic<std::size_t> created_{0};

@@ -2,6 +2,8 @@
 // mapped into. The CUDA driver (cuMem*) and the host simulation (mmap) both
 // implement it, so the pool's page-granular algorithm runs unchanged on both.
 #pragma once
+#include <atomic>
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -12,6 +14,38 @@
 namespace vramkit {
 
 using page_handle = std::uint64_t;  // 0 is never a valid handle
+
+// Wall time spent inside a page device's calls, in nanoseconds, on every
+// thread that made them: creating pages and chunks, mapping them (with the
+// access rights), unmapping, destroying.
+struct page_call_times {
+  std::uint64_t create_ns = 0, map_ns = 0, unmap_ns = 0, destroy_ns = 0;
+};
+
+// The counters a page device keeps for page_call_times, and a scope that adds
+// its own duration to one of them.
+struct page_call_clock {
+  std::atomic<std::uint64_t> create{0}, map{0}, unmap{0}, destroy{0};
+  page_call_times read() const noexcept {
+    return {create.load(std::memory_order_relaxed), map.load(std::memory_order_relaxed),
+            unmap.load(std::memory_order_relaxed), destroy.load(std::memory_order_relaxed)};
+  }
+  class scope {
+   public:
+    explicit scope(std::atomic<std::uint64_t>& to) noexcept : to_(to), t0_(std::chrono::steady_clock::now()) {}
+    ~scope() {
+      const auto d = std::chrono::steady_clock::now() - t0_;
+      to_.fetch_add(static_cast<std::uint64_t>(std::chrono::duration_cast<std::chrono::nanoseconds>(d).count()),
+                    std::memory_order_relaxed);
+    }
+    scope(const scope&) = delete;
+    scope& operator=(const scope&) = delete;
+
+   private:
+    std::atomic<std::uint64_t>& to_;
+    std::chrono::steady_clock::time_point t0_;
+  };
+};
 
 class page_device {
  public:
@@ -59,6 +93,10 @@ class page_device {
 
   // Waits for all work on the device (the host has none).
   virtual void synchronize() {}
+
+  // Time spent in this device's page calls so far (zeros when it does not
+  // measure them).
+  virtual page_call_times call_times() const noexcept { return {}; }
 
   virtual int device() const noexcept = 0;
   virtual std::string name() const = 0;

@@ -160,7 +160,11 @@ class vmm_device final : public page_device {
   }
   page_handle create() override {
     CUmemGenericAllocationHandle h = 0;
-    CUresult r = driver().create(&h, granularity_, &prop_, 0);
+    CUresult r;
+    {
+      page_call_clock::scope t(clock_.create);
+      r = driver().create(&h, granularity_, &prop_, 0);
+    }
     if (r == CUDA_ERROR_OUT_OF_MEMORY) return 0;
     if (r != CUDA_SUCCESS) fail_drv(r, "cuMemCreate");
     ++created_;
@@ -177,13 +181,20 @@ class vmm_device final : public page_device {
         chunks_live_.fetch_sub(1, std::memory_order_release);
       }
     }
-    driver().release(static_cast<CUmemGenericAllocationHandle>(h));
+    {
+      page_call_clock::scope t(clock_.destroy);
+      driver().release(static_cast<CUmemGenericAllocationHandle>(h));
+    }
     created_ -= n;
   }
   page_handle create_chunk(std::size_t pages) override {
     if (pages == 0) throw invalid_argument("vmm: a chunk of 0 pages");
     CUmemGenericAllocationHandle h = 0;
-    CUresult r = driver().create(&h, pages * granularity_, &prop_, 0);
+    CUresult r;
+    {
+      page_call_clock::scope t(clock_.create);
+      r = driver().create(&h, pages * granularity_, &prop_, 0);
+    }
     if (r == CUDA_ERROR_OUT_OF_MEMORY) return 0;
     if (r != CUDA_SUCCESS) fail_drv(r, "cuMemCreate");
     {
@@ -196,6 +207,7 @@ class vmm_device final : public page_device {
   }
   void map_chunk(std::uintptr_t va, page_handle h, std::size_t pages) override {
     const std::size_t bytes = pages * granularity_;
+    page_call_clock::scope t(clock_.map);
     VK_DRV(driver().map(static_cast<CUdeviceptr>(va), bytes, 0, static_cast<CUmemGenericAllocationHandle>(h), 0));
     CUresult r = driver().set_access(static_cast<CUdeviceptr>(va), bytes, access_.data(), access_.size());
     if (r != CUDA_SUCCESS) {
@@ -204,6 +216,7 @@ class vmm_device final : public page_device {
     }
   }
   void map(std::uintptr_t va, const page_handle* handles, std::size_t count) override {
+    page_call_clock::scope t(clock_.map);
     std::size_t done = 0;
     try {
       for (; done < count; ++done)
@@ -216,6 +229,7 @@ class vmm_device final : public page_device {
     }
   }
   void unmap(std::uintptr_t va, std::size_t count) noexcept override {
+    page_call_clock::scope t(clock_.unmap);
     driver().unmap(static_cast<CUdeviceptr>(va), count * granularity_);
   }
   void attach_thread() override { VK_CUDA(cudaSetDevice(device_)); }
@@ -223,8 +237,10 @@ class vmm_device final : public page_device {
   int device() const noexcept override { return device_; }
   std::string name() const override { return "vmm"; }
   device_properties properties() const override { return cuda::properties(device_); }
+  page_call_times call_times() const noexcept override { return clock_.read(); }
 
  private:
+  page_call_clock clock_;
   int device_;
   std::size_t granularity_ = 0, capacity_ = 0;
   std::atomic<std::size_t> created_{0};  // pages; create/destroy may run on several threads
