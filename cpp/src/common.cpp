@@ -52,7 +52,10 @@ std::size_t bad_free_count() noexcept { return g_bad_frees.load(); }
 
 void report_bad_free(const device_resource& r, void* ptr, std::size_t bytes, free_status s) noexcept {
   g_bad_frees.fetch_add(1);
-  g_handler.load()(r, ptr, bytes, s);
+  try {
+    g_handler.load()(r, ptr, bytes, s);
+  } catch (...) {  // a handler that throws cannot turn a free into a throw
+  }
 }
 
 void device_resource::deallocate(void* ptr, std::size_t bytes, stream_t stream) noexcept {

@@ -216,6 +216,20 @@ TEST_P(conformance, noexcept_deallocate_reports_bad_frees) {
   set_bad_free_handler(nullptr);
 }
 
+TEST_P(conformance, a_bad_free_handler_that_throws_does_not_end_the_process) {
+  set_bad_free_handler([](const device_resource&, void*, std::size_t, free_status) {
+    throw std::runtime_error("handler failed");
+  });
+  void* p = r->allocate(512);
+  r->deallocate(p, 512);
+  const std::size_t before = bad_free_count();
+  r->deallocate(p, 512);  // reported to a handler that throws: still ignored
+  EXPECT_EQ(bad_free_count(), before + 1);
+  set_bad_free_handler(nullptr);
+  void* q = r->allocate(512);  // the resource goes on
+  r->deallocate_checked(q, 512);
+}
+
 TEST_P(conformance, request_over_capacity_is_out_of_memory_and_recoverable) {
   void* keep = r->allocate(MiB);
   auto before = r->state();

@@ -359,6 +359,26 @@ TEST(pool, streams_do_not_share_blocks_until_their_work_is_done) {
   pool.check_invariants();
 }
 
+// page_resource waits for the device before unmapping a freed allocation; a
+// device that fails there (its work will never run) does not end the process
+// or keep the pages.
+TEST(page_resource, a_failing_device_synchronize_still_gives_the_pages_back) {
+  struct failing_sync final : test::forwarding_device {
+    using forwarding_device::forwarding_device;
+    void synchronize() override { throw cuda_error("injected cudaDeviceSynchronize failure", 700); }
+    std::string name() const override { return "failing_sync"; }
+  };
+  auto host = std::make_shared<host_page_device>(GiB);
+  page_resource r(std::make_shared<failing_sync>(host));
+  void* p = r.allocate(6 * MiB);
+  EXPECT_EQ(host->created_bytes(), 6 * MiB);
+  r.deallocate(p, 0);
+  EXPECT_EQ(host->created_bytes(), 0u);
+  EXPECT_EQ(r.state().live_bytes, 0u);
+  void* q = r.allocate(2 * MiB);  // and it goes on
+  r.deallocate_checked(q, 0);
+}
+
 // Event calls that fail (a device error, no event left): a free that cannot
 // record its event neither throws nor hands the memory out; the event is
 // recorded at a later look, and every event recorded goes back.

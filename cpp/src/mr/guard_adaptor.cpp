@@ -70,10 +70,15 @@ void* guard_adaptor::do_allocate(std::size_t bytes, stream_t stream) {
   std::size_t span = round_up(bytes);
   auto base = reinterpret_cast<std::uintptr_t>(upstream_->allocate(span + 2 * redzone_, stream));
   std::uintptr_t p = base + redzone_;
-  fill(base, guard_byte, redzone_);
-  fill(p + bytes, guard_byte, span - bytes + redzone_);
-  std::lock_guard<std::mutex> lk(mu_);
-  live_[p] = {bytes, span, stream, site};
+  try {
+    fill(base, guard_byte, redzone_);
+    fill(p + bytes, guard_byte, span - bytes + redzone_);
+    std::lock_guard<std::mutex> lk(mu_);
+    live_[p] = {bytes, span, stream, site};
+  } catch (...) {  // the guard bytes could not be written: the memory goes back
+    upstream_->deallocate(reinterpret_cast<void*>(base), 0, stream);
+    throw;
+  }
   return reinterpret_cast<void*>(p);
 }
 
@@ -98,8 +103,13 @@ void guard_adaptor::check_freed(std::uintptr_t p, const block& b) {
   }
 }
 
-void guard_adaptor::drop(std::uintptr_t p, const block& b) {
-  check_freed(p, b);
+// Checks a block leaving the quarantine and gives it back upstream; a check
+// that cannot be made (a device copy failed) does not keep the memory.
+void guard_adaptor::drop(std::uintptr_t p, const block& b) noexcept {
+  try {
+    check_freed(p, b);
+  } catch (...) {
+  }
   upstream_->deallocate(reinterpret_cast<void*>(p - redzone_), 0, b.stream);
 }
 
@@ -113,10 +123,17 @@ free_status guard_adaptor::try_deallocate(void* ptr, std::size_t bytes, stream_t
     if (it == live_.end()) return free_status::not_owned;
     block b = it->second;
     live_.erase(it);
-    check_live(p, b);
-    fill(p - redzone_, poison_byte, b.span + 2 * redzone_);
     b.stream = stream;
-    quarantine_.emplace_back(p, b);
+    try {
+      check_live(p, b);
+      fill(p - redzone_, poison_byte, b.span + 2 * redzone_);
+      quarantine_.emplace_back(p, b);
+    } catch (...) {
+      // Not checked or not poisoned (a device copy failed): no quarantine,
+      // the memory goes back upstream at once.
+      upstream_->deallocate(reinterpret_cast<void*>(p - redzone_), 0, stream);
+      return free_status::ok;
+    }
     while (quarantine_.size() > quarantine_cap_) {
       auto q = quarantine_.front();
       quarantine_.pop_front();

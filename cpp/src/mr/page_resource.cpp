@@ -75,7 +75,11 @@ free_status page_resource::try_deallocate(void* ptr, std::size_t bytes, stream_t
     reserved_ -= a.handles.size() * pages_->granularity();
     ++frees_;
   }
-  pages_->synchronize();
+  try {
+    pages_->synchronize();
+  } catch (...) {
+    // The device failed: the work queued before this free will not run.
+  }
   pages_->unmap(va, a.handles.size());
   for (auto h : a.handles) pages_->destroy(h);
   pages_->unreserve(va, a.handles.size() * pages_->granularity());

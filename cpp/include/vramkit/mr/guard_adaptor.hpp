@@ -62,7 +62,7 @@ class guard_adaptor final : public device_resource {
   std::size_t scan(std::uintptr_t at, unsigned char v, std::size_t n);
   void check_live(std::uintptr_t p, const block& b);
   void check_freed(std::uintptr_t p, const block& b);
-  void drop(std::uintptr_t p, const block& b);
+  void drop(std::uintptr_t p, const block& b) noexcept;
 
   std::shared_ptr<device_resource> upstream_;
   std::size_t redzone_, quarantine_cap_;

@@ -127,6 +127,7 @@ std::size_t pool_resource::impl::steal(std::uint32_t slot, std::size_t want, std
   std::size_t first = p;
   while (first > lo && a->mapped(first - 1) && !a->in_chunk(first - 1) && p + 1 - first < want) --first;
   std::size_t k = p + 1 - first;
+  out.reserve(out.size() + k);  // nothing below may fail once pages start to move
   if (opt.keep_mappings) {
     stale += k;  // still mapped there, no longer in use there
     if (mark) {

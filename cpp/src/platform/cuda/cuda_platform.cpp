@@ -143,8 +143,14 @@ class vmm_device final : public page_device {
   std::size_t created_bytes() const noexcept override { return created_ * granularity_; }
   std::size_t available() const noexcept override {
     std::size_t fr = 0, tot = 0;
-    device_guard g(device_);
-    if (cudaMemGetInfo(&fr, &tot) != cudaSuccess) {
+    int was = -1;  // (device_guard throws; this cannot)
+    if (cudaGetDevice(&was) != cudaSuccess || (was != device_ && cudaSetDevice(device_) != cudaSuccess)) {
+      cudaGetLastError();
+      return 0;
+    }
+    const cudaError_t r = cudaMemGetInfo(&fr, &tot);
+    if (was != device_) cudaSetDevice(was);
+    if (r != cudaSuccess) {
       cudaGetLastError();
       return 0;
     }
