@@ -5,6 +5,7 @@
 #include <cstring>
 #include <functional>
 #include <map>
+#include <ostream>
 #include <random>
 
 #include "vramkit/mr/page_resource.hpp"
@@ -25,6 +26,8 @@ struct factory {
   bool cuda;
   std::function<std::shared_ptr<device_resource>()> make;
 };
+// How GoogleTest (and so ctest's test list) shows a parameter: its name, not its bytes.
+void PrintTo(const factory& f, std::ostream* os) { *os << f.name; }
 
 std::shared_ptr<page_device> host_dev(std::size_t cap = 8 * GiB) { return std::make_shared<host_page_device>(cap); }
 
