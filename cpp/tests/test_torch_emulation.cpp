@@ -140,6 +140,43 @@ TEST(TorchEmulation, GivenSegmentAddressesBreakBestFitTies) {
   EXPECT_THROW(e->set_segment_addresses({hi}), invalid_argument);
 }
 
+// Without a capacity, requests past the emulated address space are out of
+// memory: no segment wraps around, no expandable segment is too small.
+TEST(TorchEmulation, HugeRequestsWithoutCapacityAreOutOfMemory) {
+  for (const char* spec : {"torch-default", "torch-expandable"}) {
+    SCOPED_TRACE(spec);
+    auto e = make_torch_emulator(spec, 0);
+    void* keep = e->allocate(4096, 0);
+    if (std::string(spec) == "torch-expandable")  // over a segment's room (9/8 of 1 TiB)
+      EXPECT_THROW(e->allocate(std::size_t{1} << 41, 0), out_of_memory);
+    EXPECT_THROW(e->allocate(~std::size_t{0}, 0), out_of_memory);       // rounding would wrap
+    std::vector<void*> got;
+    std::size_t ooms = 0;
+    for (int i = 0; i < 4; ++i) {  // 2^63, 2^63, 2^63 - 1, 2^62: none fits, nothing overlaps
+      const std::size_t n = i < 2 ? std::size_t{1} << 63 : i == 2 ? (std::size_t{1} << 63) - 1 : std::size_t{1} << 62;
+      try {
+        got.push_back(e->allocate(n, 0));
+      } catch (const out_of_memory&) {
+        ++ooms;
+      }
+    }
+    EXPECT_EQ(ooms, 4u);
+    check_books(*e);
+    EXPECT_EQ(e->allocated_bytes(), e->allocation_size(keep));
+    e->deallocate(keep, 4096, 0);
+    e->release_cached();
+    EXPECT_EQ(e->reserved_bytes(), 0u);
+  }
+  // Many large requests still get distinct segments, up to the address space.
+  auto e = make_torch_emulator("torch-default", 0);
+  std::vector<void*> got;
+  for (int i = 0; i < 8; ++i) got.push_back(e->allocate(std::size_t{1} << 54, 0));
+  for (std::size_t i = 1; i < got.size(); ++i) EXPECT_NE(got[i], got[i - 1]);
+  EXPECT_THROW(e->allocate(std::size_t{1} << 57, 0), out_of_memory);
+  for (void* p : got) e->deallocate(p, 0, 0);
+  check_books(*e);
+}
+
 TEST(TorchEmulation, FractionOfOneSetsNoLimitAndNoCollection) {
   constexpr std::size_t MiB = std::size_t{1} << 20;
   auto e = make_torch_emulator("torch:garbage_collection_threshold=0.5,per_process_memory_fraction=1", 100 * MiB);

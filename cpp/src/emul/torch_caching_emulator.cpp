@@ -21,6 +21,9 @@ constexpr std::size_t kMinLargeAlloc = 10u << 20;
 constexpr std::size_t kLargeBuffer = 20u << 20;
 constexpr std::size_t kRoundLarge = 2u << 20;
 constexpr std::size_t kArena = 4096;
+// The emulated device's address space (segments get made-up addresses below
+// it): no request or segment reaches past it, and nothing wraps around.
+constexpr std::uintptr_t kAddressLimit = std::uintptr_t{1} << 58;
 
 std::size_t round_up(std::size_t v, std::size_t m) { return (v + m - 1) / m * m; }
 int floor_log2(std::size_t v) { return 63 - __builtin_clzll(v); }
@@ -147,6 +150,12 @@ void* torch_caching_emulator::do_allocate(std::size_t orig, stream_t stream) {
   std::lock_guard<std::mutex> lk(mu_);
   request r;
   r.stream = stream;
+  if (orig > kAddressLimit) {  // larger than any device: out of memory before any rounding can wrap
+    ++ctr_.num_ooms;
+    throw out_of_memory(name_ + ": out of memory: tried to allocate " + format_bytes(orig) +
+                            ", more than the emulated device's address space",
+                        orig);
+  }
   r.size = round_size(orig);
   r.p = r.size <= kSmallSize ? small_.get() : large_.get();
   r.alloc_size = allocation_size_for(r.size);
@@ -200,6 +209,8 @@ bool torch_caching_emulator::alloc_block(request& r, bool retry) {
     return r.found != nullptr;
   }
   if (opt_.capacity && total_reserved_ + r.alloc_size > opt_.capacity) return false;  // cudaMalloc fails
+  // Without a capacity: no segment past the emulated address space either.
+  if (r.alloc_size > kAddressLimit - std::min<std::uintptr_t>(next_addr_, kAddressLimit)) return false;
   block* b = new_block();
   b->stream = r.stream;
   b->size = r.alloc_size;
@@ -419,10 +430,15 @@ torch_caching_emulator::block* torch_caching_emulator::find_expandable_block(str
     if (room(c)) return c;
   }
   // A new segment per (stream, pool): address space for 9/8 of the device.
+  // None when the request is larger than that, or no address space is left.
+  const std::size_t page = p.small ? kSmallBuffer : kLargeBuffer;
+  const std::size_t total = opt_.capacity ? opt_.capacity : (std::size_t{1} << 40);
+  const std::size_t max_pages = (total + total / 8 + page - 1) / page;
+  const std::uintptr_t base = round_up(next_addr_, page);
+  if (size > max_pages * page || base >= kAddressLimit || max_pages * page > kAddressLimit - base) return nullptr;
   auto sp = std::make_unique<segment_space>();
-  sp->page = p.small ? kSmallBuffer : kLargeBuffer;
-  std::size_t total = opt_.capacity ? opt_.capacity : (std::size_t{1} << 40);
-  sp->max_pages = (total + total / 8 + sp->page - 1) / sp->page;
+  sp->page = page;
+  sp->max_pages = max_pages;
   sp->mapped.assign(sp->max_pages, false);
   sp->base = round_up(next_addr_, sp->page);
   next_addr_ = sp->base + sp->bytes();
@@ -475,11 +491,12 @@ bool torch_caching_emulator::map_block(block* b, std::size_t size) {
 
 torch_caching_emulator::block* torch_caching_emulator::try_allocate_expandable(stream_t s, pool& p, std::size_t size) {
   block* c = find_expandable_block(s, p, size);
+  if (!c) return nullptr;  // larger than a segment's address space: cuMemAddressReserve would fail
   if (!c->mapped && !map_block(c, std::min(c->size, size))) return nullptr;
   while (c->size < size) {
     // c is free and mapped, followed by unmapped space: map what is missing
     block* nx = c->next;
-    if (!map_block(nx, std::min(size - c->size, nx->size))) return nullptr;
+    if (!nx || !map_block(nx, std::min(size - c->size, nx->size))) return nullptr;
     c = nx;  // map_block merged c into nx
   }
   p.blocks.erase(c);
