@@ -120,6 +120,9 @@ std::shared_ptr<device_resource> current_resource(int device) {
 void set_current_resource(std::shared_ptr<device_resource> r, int device) {
   check_device(device);
   if (!r) throw invalid_argument("set_current_resource: no resource given");
+  if (!r->backs_memory())
+    throw invalid_argument("set_current_resource: " + r->name() +
+                           " emulates an allocator for replays; its addresses hold no memory");
   if (r->device() != device)
     throw invalid_argument("set_current_resource: the resource serves device " + std::to_string(r->device()) +
                            ", not device " + std::to_string(device));

@@ -9,6 +9,9 @@
 #include <vector>
 
 #include "vramkit/emul/torch_caching.hpp"
+#include "vramkit/mr/guard_adaptor.hpp"
+#include "vramkit/mr/statistics_adaptor.hpp"
+#include "vramkit/runtime.hpp"
 
 using namespace vramkit;
 using emul::make_torch_emulator;
@@ -175,6 +178,20 @@ TEST(TorchEmulation, HugeRequestsWithoutCapacityAreOutOfMemory) {
   EXPECT_THROW(e->allocate(std::size_t{1} << 57, 0), out_of_memory);
   for (void* p : got) e->deallocate(p, 0, 0);
   check_books(*e);
+}
+
+// An emulator's addresses hold no memory: it cannot become the current
+// resource (vramkit.alloc would hand out buffers to copy into), wrapped or not,
+// nor sit under a guard adaptor (which writes its guard bytes).
+TEST(TorchEmulation, EmulatorsAreNotMemory) {
+  auto e = make_torch_emulator("torch-expandable", 0);
+  EXPECT_FALSE(e->backs_memory());
+  EXPECT_THROW(set_current_resource(e, 0), invalid_argument);
+  auto wrapped = std::make_shared<statistics_adaptor>(e);
+  EXPECT_FALSE(wrapped->backs_memory());
+  EXPECT_THROW(set_current_resource(wrapped, 0), invalid_argument);
+  EXPECT_THROW({ guard_adaptor g(e); }, invalid_argument);
+  EXPECT_TRUE(current_resource(0)->backs_memory());  // the current resource stayed what it was
 }
 
 TEST(TorchEmulation, FractionOfOneSetsNoLimitAndNoCollection) {

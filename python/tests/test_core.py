@@ -189,3 +189,16 @@ def test_pool_counters_time_the_page_calls():
     r.release_cached()
     c2 = r.pool_counters()
     assert c2["page_unmap_ns"] > c1["page_unmap_ns"] and c2["page_destroy_ns"] > c1["page_destroy_ns"], c2
+
+
+def test_an_emulator_cannot_be_the_current_resource():
+    """PyTorch's allocator emulations hand out made-up addresses (for replays): as the current
+    resource, vramkit.alloc's buffers would point at no memory, so it is refused and nothing changes."""
+    old = vramkit.get_current_resource()
+    for spec in ("torch-default", "torch-expandable"):
+        with pytest.raises(ValueError, match="emulates an allocator"):
+            vramkit.set_current_resource(vramkit.make_resource(spec, 0))
+    assert vramkit.get_current_resource().name == old.name
+    b = vramkit.alloc(4096)
+    b.copy_from_host(b"x" * 4096)
+    assert b.copy_to_host()[:1] == b"x"

@@ -68,6 +68,9 @@ class device_resource {
   virtual void reset_peaks() {}
   virtual int device() const noexcept = 0;
   virtual std::string name() const = 0;
+  // False for a resource whose addresses are made up (an emulation of another
+  // allocator, for replays and what-ifs): no memory lies behind them.
+  virtual bool backs_memory() const noexcept { return true; }
   // The size the resource recorded for a live pointer (0 if unknown).
   virtual std::size_t allocation_size(const void* ptr) const noexcept {
     (void)ptr;

@@ -31,6 +31,9 @@ guard_adaptor::guard_adaptor(std::shared_ptr<device_resource> upstream, std::siz
                              site_hook hook)
     : upstream_(std::move(upstream)), redzone_(redzone), quarantine_cap_(quarantine), hook_(hook) {
   if (!upstream_) throw invalid_argument("guard_adaptor: no upstream resource given");
+  if (!upstream_->backs_memory())
+    throw invalid_argument("guard_adaptor: " + upstream_->name() +
+                           " emulates an allocator for replays; its addresses hold no memory to guard");
   if (redzone_ == 0 || redzone_ % k_align)
     throw invalid_argument("guard_adaptor: redzone must be a positive multiple of 256 bytes (got " +
                            std::to_string(redzone) + ")");

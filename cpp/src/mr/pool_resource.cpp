@@ -245,6 +245,7 @@ std::size_t pool_resource::allocation_size(const void* p) const noexcept {
   auto* b = impl_->live.find(reinterpret_cast<std::uintptr_t>(p));
   return b ? (*b)->requested : 0;
 }
+bool pool_resource::backs_memory() const noexcept { return !impl_->upstream || impl_->upstream->backs_memory(); }
 pool_counters pool_resource::counters() const {
   pool_counters c;
   {

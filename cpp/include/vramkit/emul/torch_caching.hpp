@@ -89,6 +89,7 @@ class torch_caching_emulator final : public device_resource {
   void reset_peaks() override;
   int device() const noexcept override { return 0; }
   std::string name() const override { return name_; }
+  bool backs_memory() const noexcept override { return false; }  // made-up segment addresses
   std::size_t allocation_size(const void* ptr) const noexcept override;
 
   const torch_options& options() const noexcept { return opt_; }

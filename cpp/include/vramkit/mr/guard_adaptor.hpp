@@ -40,6 +40,7 @@ class guard_adaptor final : public device_resource {
   void reset_peaks() override { upstream_->reset_peaks(); }
   int device() const noexcept override { return upstream_->device(); }
   std::string name() const override { return "guard(" + upstream_->name() + ")"; }
+  bool backs_memory() const noexcept override { return upstream_->backs_memory(); }
   std::size_t allocation_size(const void* p) const noexcept override;
 
   // Checks every live block's red zones and every quarantined block's poison;

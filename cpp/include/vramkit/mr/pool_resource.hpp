@@ -77,6 +77,7 @@ class pool_resource final : public device_resource {
   void reset_peaks() override;
   int device() const noexcept override;
   std::string name() const override;
+  bool backs_memory() const noexcept override;
   std::size_t allocation_size(const void* ptr) const noexcept override;
 
   pool_counters counters() const;

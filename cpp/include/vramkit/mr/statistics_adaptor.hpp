@@ -46,6 +46,7 @@ class statistics_adaptor final : public device_resource {
   void reset_peaks() override;
   int device() const noexcept override { return upstream_->device(); }
   std::string name() const override { return "statistics(" + upstream_->name() + ")"; }
+  bool backs_memory() const noexcept override { return upstream_->backs_memory(); }
   std::size_t allocation_size(const void* p) const noexcept override { return upstream_->allocation_size(p); }
 
   statistics stats() const;
@@ -81,6 +82,7 @@ class limiting_adaptor final : public device_resource {
   void reset_peaks() override { upstream_->reset_peaks(); }
   int device() const noexcept override { return upstream_->device(); }
   std::string name() const override { return "limiting(" + upstream_->name() + ")"; }
+  bool backs_memory() const noexcept override { return upstream_->backs_memory(); }
   std::size_t allocation_size(const void* p) const noexcept override { return upstream_->allocation_size(p); }
   std::size_t limit() const noexcept { return limit_; }
   std::size_t used() const noexcept { return used_.load(); }

@@ -67,6 +67,7 @@ class tracking_adaptor final : public device_resource {
   void reset_peaks() override { upstream_->reset_peaks(); }
   int device() const noexcept override { return upstream_->device(); }
   std::string name() const override { return "tracking(" + upstream_->name() + ")"; }
+  bool backs_memory() const noexcept override { return upstream_->backs_memory(); }
   std::size_t allocation_size(const void* p) const noexcept override { return upstream_->allocation_size(p); }
 
   // Live allocations in allocation order (oldest first).
