@@ -371,6 +371,58 @@ def test_evaluate_rejects_bad_segments():
         evaluate(ch, [(0, 4, False)])
 
 
+@pytest.mark.parametrize("fields, msg", [
+    ({"act": [float("inf"), 1]}, "'act' holds inf, not a whole number"),
+    ({"act": [2 ** 70, 1]}, "'act' holds 1180591620717411303424 bytes, more than 2\\^62"),
+    ({"act": [1.5, 1]}, "not a whole number of bytes"),
+    ({"act": "ab"}, "'act' must be a list, not str"),
+    ({"inp": [1, "x"]}, "'inp' holds 'x', not a number of bytes"),
+    ({"base": -1e20}, "'base' holds a negative size"),
+    ({"fwd": [True, 1]}, "'fwd' holds True"),
+    ({"time": ["a", 1]}, "'time' holds 'a', not a number of seconds"),
+    ({"meta": "x"}, "'meta' must be an object, not str"),
+    ({"meta": {"step_time": "x"}}, "'meta.step_time' must be a number of seconds"),
+])
+def test_chain_fields_of_the_wrong_kind_are_named(tmp_path, capsys, fields, msg):
+    """Every field of a chain file that is not what it should be gets a ValueError naming it, from
+    the Python API and from checkpoint-plan (one line, exit 1, no traceback)."""
+    d = dict({"act": [100, 200], "inp": [10, 20], "time": [0.1, 0.2]}, **fields)
+    with pytest.raises(ValueError, match=msg):
+        Chain.from_dict(d)
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps(d, allow_nan=True).replace("Infinity", "1e400"))
+    assert cli_main(["checkpoint-plan", str(path)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Traceback" not in err and str(path) in err, err
+
+
+def test_chain_files_nested_too_deeply_or_not_text(tmp_path, capsys):
+    deep = tmp_path / "deep.json"
+    deep.write_text("[" * 100000 + "]" * 100000)
+    with pytest.raises(ValueError, match="nested too deeply"):
+        Chain.load(str(deep))
+    raw = tmp_path / "raw.json"
+    raw.write_bytes(b'{"act": [1], "inp": [1], "time": [1], "names": ["\xff"]}')
+    with pytest.raises(ValueError, match="not UTF-8"):
+        Chain.load(str(raw))
+    assert cli_main(["checkpoint-plan", str(deep)]) == 1
+    assert capsys.readouterr().err.count(str(deep)) == 1  # the path once, not twice
+
+
+def test_chain_save_leaves_nothing_half_written(tmp_path, monkeypatch):
+    ch = Chain(act=[1, 2], inp=[1, 1], time=[0.1, 0.1])
+    path = tmp_path / "c.json"
+    path.write_text("before")
+
+    def broken_dump(obj, f, **kw):
+        f.write("{")
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr(json, "dump", broken_dump)
+    with pytest.raises(OSError):
+        ch.save(str(path))
+    assert path.read_text() == "before" and [p.name for p in tmp_path.iterdir()] == ["c.json"]
+
+
 def test_cli_checkpoint_plan(tmp_path, capsys):
     ch = Chain(act=[8 * MiB, 2 * MiB, 2 * MiB, 8 * MiB, 4 * MiB, 2 * MiB], inp=[2 * MiB] * 6,
                time=[4e-3, 1e-3, 1e-3, 6e-3, 2e-3, 1e-3], meta={"step_time": 0.05, "model": "demo"})

@@ -223,8 +223,23 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _undecodable(argv) -> str | None:
+    """The first argument that is not valid text (bytes the locale cannot decode reach Python as
+    lone surrogates), or None."""
+    for a in argv:
+        try:
+            a.encode("utf-8")
+        except UnicodeEncodeError:
+            return repr(os.fsencode(a))
+    return None
+
+
 def main(argv=None) -> int:
     parser = build_parser()
+    bad = _undecodable(sys.argv[1:] if argv is None else argv)
+    if bad is not None:
+        print(f"vramkit: error: argument {bad} is not valid UTF-8 text", file=sys.stderr)
+        return 2
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help()

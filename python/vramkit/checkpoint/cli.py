@@ -41,7 +41,8 @@ def cmd_checkpoint_plan(args) -> int:
     except IsADirectoryError:
         raise CliError(f"{args.chain} is a directory, not a chain file") from None
     except (ValueError, TypeError) as e:
-        raise CliError(f"{args.chain}: {e}") from None
+        msg = str(e)
+        raise CliError(msg if msg.startswith(args.chain) else f"{args.chain}: {msg}") from None
     if args.sweep < 1 or args.sweep > 100:
         raise CliError(f"--sweep must be between 1 and 100, not {args.sweep}")
     if args.max_segment is not None and args.max_segment < 1:

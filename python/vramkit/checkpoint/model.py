@@ -54,6 +54,30 @@ class BudgetError(ValueError):
     """A budget that is not a size, is negative, or is below what any plan needs."""
 
 
+_SIZE_LIMIT = 1 << 62  # bytes: past any device, and far from overflowing the model's int64 sums
+
+
+def _size(field: str, x, negative_ok: bool) -> int:
+    """A byte count of the chain: an integer (or a float with an integral value) of at most 2^62
+    in magnitude, not negative unless the field may be; a ValueError naming the field otherwise."""
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise ValueError(f"chain field {field!r} holds {x!r}, not a number of bytes")
+    if isinstance(x, float) and (not math.isfinite(x) or x != int(x)):
+        raise ValueError(f"chain field {field!r} holds {x!r}, not a whole number of bytes")
+    v = int(x)
+    if v < 0 and not negative_ok:
+        raise ValueError(f"chain field {field!r} holds a negative size ({v})")
+    if abs(v) > _SIZE_LIMIT:
+        raise ValueError(f"chain field {field!r} holds {v} bytes, more than 2^62")
+    return v
+
+
+def _seq(field: str, v) -> list:
+    if isinstance(v, (str, bytes, dict)) or not hasattr(v, "__len__"):
+        raise ValueError(f"chain field {field!r} must be a list, not {type(v).__name__}")
+    return list(v)
+
+
 @dataclass
 class Chain:
     act: list
@@ -73,15 +97,29 @@ class Chain:
     meta: dict = field(default_factory=dict)
 
     def __post_init__(self):
+        self.act = _seq("act", self.act)
         n = len(self.act)
         if n == 0:
             raise ValueError("a chain needs at least one block")
         zeros = [0] * n
-        self.names = list(self.names) if self.names is not None else [f"block{i}" for i in range(n)]
-        self.saves_input = [bool(v) for v in self.saves_input] if self.saves_input is not None else [False] * n
+        self.names = [str(x) for x in _seq("names", self.names)] if self.names is not None \
+            else [f"block{i}" for i in range(n)]
+        self.saves_input = [bool(v) for v in _seq("saves_input", self.saves_input)] \
+            if self.saves_input is not None else [False] * n
         for name in ("fwd", "fwd_nograd", "bwd", "grad_in"):
             if getattr(self, name) is None:
                 setattr(self, name, list(zeros))
+        for name in ("inp", "time", "fwd", "fwd_nograd", "bwd", "grad_in") + (
+                ("bwd_remat",) if self.bwd_remat is not None else ()):
+            setattr(self, name, _seq(name, getattr(self, name)))
+        if self.meta is None:
+            self.meta = {}
+        if not isinstance(self.meta, dict):
+            raise ValueError(f"chain field 'meta' must be an object, not {type(self.meta).__name__}")
+        st = self.meta.get("step_time")
+        if st is not None and (isinstance(st, bool) or not isinstance(st, (int, float)) or not math.isfinite(st)
+                               or st < 0):
+            raise ValueError(f"chain field 'meta.step_time' must be a number of seconds, not {st!r}")
         fields = ["act", "inp", "fwd", "fwd_nograd", "bwd", "grad_in", "names", "saves_input", "time"]
         sizes = ["act", "inp", "fwd", "fwd_nograd", "bwd", "grad_in"]
         if self.bwd_remat is not None:
@@ -92,17 +130,17 @@ class Chain:
             if len(v) != n:
                 raise ValueError(f"chain field {name!r} has {len(v)} entries for {n} blocks")
         for name in sizes:
-            vals = [int(x) for x in getattr(self, name)]
-            if name in ("act", "inp") and any(x < 0 for x in vals):
-                raise ValueError(f"chain field {name!r} holds a negative size")
-            setattr(self, name, vals)
+            setattr(self, name, [_size(name, x, name not in ("act", "inp")) for x in getattr(self, name)])
+        for t in self.time:
+            if isinstance(t, bool) or not isinstance(t, (int, float)):
+                raise ValueError(f"chain field 'time' holds {t!r}, not a number of seconds")
         self.time = [float(t) for t in self.time]
         if any(t < 0 or not math.isfinite(t) for t in self.time):
             raise ValueError("block times must be finite and not negative")
-        self.base, self.head, self.fixed_peak = int(self.base), int(self.head), int(self.fixed_peak)
-        self.ckpt_extra = int(self.ckpt_extra or 0)
-        if self.ckpt_extra < 0:
-            raise ValueError("chain field 'ckpt_extra' must not be negative")
+        self.base = _size("base", self.base, False)
+        self.head = _size("head", self.head, True)
+        self.fixed_peak = _size("fixed_peak", self.fixed_peak, False)
+        self.ckpt_extra = _size("ckpt_extra", self.ckpt_extra or 0, False)
 
     def __len__(self):
         return len(self.act)
@@ -118,9 +156,16 @@ class Chain:
     def save(self, path: str) -> None:
         """Writes the chain as JSON (atomically: a temporary file renamed over ``path``)."""
         tmp = f"{path}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump(self.to_dict(), f, indent=1)
-        os.replace(tmp, path)
+        try:
+            with open(tmp, "w") as f:
+                json.dump(self.to_dict(), f, indent=1)
+            os.replace(tmp, path)
+        except BaseException:
+            try:
+                os.unlink(tmp)  # nothing half-written is left behind
+            except OSError:
+                pass
+            raise
 
     @classmethod
     def load(cls, path: str) -> "Chain":
@@ -129,6 +174,10 @@ class Chain:
                 d = json.load(f)
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path} is not a chain JSON file: {e}") from None
+            except RecursionError:
+                raise ValueError(f"{path} is not a chain JSON file: nested too deeply") from None
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path} is not a chain JSON file: not UTF-8 text ({e.reason})") from None
         if not isinstance(d, dict) or "act" not in d:
             raise ValueError(f"{path} is not a chain JSON file (no 'act' field)")
         return cls.from_dict(d)
