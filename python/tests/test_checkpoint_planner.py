@@ -414,10 +414,11 @@ def test_chain_save_leaves_nothing_half_written(tmp_path, monkeypatch):
     path = tmp_path / "c.json"
     path.write_text("before")
 
-    def broken_dump(obj, f, **kw):
-        f.write("{")
+    import vramkit._atomic as atomic
+
+    def broken_replace(src, dst):
         raise OSError(28, "No space left on device")
-    monkeypatch.setattr(json, "dump", broken_dump)
+    monkeypatch.setattr(atomic.os, "replace", broken_replace)
     with pytest.raises(OSError):
         ch.save(str(path))
     assert path.read_text() == "before" and [p.name for p in tmp_path.iterdir()] == ["c.json"]

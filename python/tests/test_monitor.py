@@ -186,6 +186,31 @@ def test_smi_csv_watch_to_file(fake, tmp_path, capsys):
     assert rec.samples == 3 and len(rec.devices) == 2 and len(rec.processes) == 2
 
 
+def test_smi_output_that_fails_keeps_the_old_file(fake, tmp_path, capsys, monkeypatch):
+    """--output is written whole or not at all: a write that fails (a full disk) leaves an existing
+    file as it was, with one line on stderr and no temporary file behind."""
+    out = tmp_path / "rec.csv"
+    out.write_text("an older recording\n")
+    import vramkit.monitor.smi as smi
+    real = smi._TextSink.write
+    calls = []
+
+    def failing(self, text):
+        calls.append(text)
+        if len(calls) == 2:
+            raise OSError(28, "No space left on device")
+        return real(self, text)
+    monkeypatch.setattr(smi._TextSink, "write", failing)
+    assert smi_main(["--csv", "--watch", "0.01", "--count", "5", "--output", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "No space left on device" in err and "Traceback" not in err
+    assert out.read_text() == "an older recording\n"
+    assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
+    monkeypatch.setattr(smi._TextSink, "write", real)
+    assert smi_main(["--csv", "--count", "1", "--output", str(out)]) == 0  # and then it is replaced whole
+    assert out.read_text().startswith("timestamp,kind,")
+
+
 def test_smi_without_driver_exits_2_with_one_line(tmp_path):
     if HAVE_DRIVER:
         pytest.skip("an NVIDIA driver is installed here")

@@ -95,6 +95,19 @@ def test_report_rejects_bad_torch_option(tmp_path):
     assert not (tmp_path / "x.html").exists()
 
 
+def test_report_refuses_to_write_over_its_input(tmp_path):
+    """-o naming the trace being read (or through a symlink to it) is refused before anything is
+    written: the trace stays as it was."""
+    trace = tmp_path / "t.csv"
+    text = "action,addr,size\nalloc,1,10\nalloc,2,20\nfree_requested,1,10\n"
+    trace.write_text(text)
+    (tmp_path / "link.html").symlink_to(trace)
+    for out in (trace, tmp_path / "link.html"):
+        p = _cli("report", str(trace), "-o", str(out), "--no-progress")
+        assert p.returncode == 1 and "is the trace being read" in p.stderr and p.stderr.count("\n") == 1, p.stderr
+    assert trace.read_text() == text
+
+
 CSV_CASES = {
     # free of an unknown address (skipped), address reuse, an alloc of a live address (implicit
     # free), two streams, other events, a free_completed after its free_requested

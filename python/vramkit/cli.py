@@ -124,9 +124,19 @@ def cmd_replay(args) -> int:
     return 0
 
 
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
 def cmd_report(args) -> int:
     from . import _vramkit
     from .report import render_report
+    for name, given in (("trace", args.trace), ("--recording", args.recording)):
+        if given and _same_file(given, args.output):
+            raise CliError(f"-o {args.output} is the {name} being read; write the report elsewhere")
     capacity = _parse_capacity(args.capacity)
     specs = args.allocator or _default_allocators()
     trace = _load(args.trace)

@@ -44,7 +44,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import asdict, dataclass, field
 
 Segment = tuple  # (start, stop, checkpointed): blocks start..stop-1
@@ -154,18 +153,9 @@ class Chain:
         return cls(**known)
 
     def save(self, path: str) -> None:
-        """Writes the chain as JSON (atomically: a temporary file renamed over ``path``)."""
-        tmp = f"{path}.tmp{os.getpid()}"
-        try:
-            with open(tmp, "w") as f:
-                json.dump(self.to_dict(), f, indent=1)
-            os.replace(tmp, path)
-        except BaseException:
-            try:
-                os.unlink(tmp)  # nothing half-written is left behind
-            except OSError:
-                pass
-            raise
+        """Writes the chain as JSON, whole or not at all (a temporary file renamed over ``path``)."""
+        from .._atomic import write_atomic
+        write_atomic(path, json.dumps(self.to_dict(), indent=1))
 
     @classmethod
     def load(cls, path: str) -> "Chain":

@@ -9,7 +9,7 @@ import datetime as _dt
 import json
 import os
 import sys
-from typing import Any, TextIO
+from typing import Any
 
 from . import NvmlUnavailableError, Snapshotter, format_size, open_monitor, unavailable_message
 from .sampler import _to_csv, snapshot_rows, ticks
@@ -134,10 +134,13 @@ def run(args: argparse.Namespace) -> int:
     count = args.count if args.count is not None else (None if args.watch else 1)
     interval = args.watch or 1.0
     repeated = count != 1
-    out: TextIO = sys.stdout
+    out: Any = sys.stdout
+    sink = None  # --output: the file appears whole when the command ends (an existing one is kept on a failure)
     try:
         if args.output:
-            out = open(args.output, "w", encoding="utf-8", newline="")
+            from .._atomic import AtomicFile
+            sink = AtomicFile(args.output)
+            out = _TextSink(sink.file)
     except OSError as e:
         print(f"{PROG}: cannot write {args.output}: {e.strerror or e}", file=sys.stderr)
         return 1
@@ -164,11 +167,31 @@ def run(args: argparse.Namespace) -> int:
         return 0
     except OSError as e:
         print(f"{PROG}: write failed: {e}", file=sys.stderr)
+        if sink is not None:
+            sink.abort()
         return 1
-    finally:
-        if out is not sys.stdout:
-            out.close()
+    if sink is not None:
+        try:
+            out.flush()
+            sink.commit()
+        except OSError as e:
+            sink.abort()
+            print(f"{PROG}: write failed: {e}", file=sys.stderr)
+            return 1
     return 0
+
+
+class _TextSink:
+    """Text written as UTF-8 into an AtomicFile's binary file (which commit() or abort() closes)."""
+
+    def __init__(self, f) -> None:
+        self._f = f
+
+    def write(self, text: str) -> int:
+        return self._f.write(text.encode("utf-8"))
+
+    def flush(self) -> None:
+        self._f.flush()
 
 
 def build_parser() -> argparse.ArgumentParser:
