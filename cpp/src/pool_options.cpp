@@ -56,14 +56,18 @@ namespace {
 bool pow2(std::size_t v) { return v && !(v & (v - 1)); }
 double parse_real(const std::string& key, const std::string& v) {
   double d;
+  if (!v.empty() && v[0] == '-' && parse_decimal(v.substr(1), d))
+    throw invalid_argument(key + " cannot be negative (got " + v + ")");
   if (!parse_decimal(v, d))
-    throw invalid_argument("VRAMKIT_ALLOC_CONF: " + key + " takes a plain decimal number (e.g. 0.05), not '" + v + "'");
+    throw invalid_argument(key + " takes a plain decimal number (e.g. 0.05), not '" + v + "'");
   return d;
 }
 bool parse_bool(const std::string& key, const std::string& v) {
-  if (v == "1" || v == "true" || v == "True" || v == "on") return true;
-  if (v == "0" || v == "false" || v == "False" || v == "off") return false;
-  throw invalid_argument("VRAMKIT_ALLOC_CONF: " + key + " takes true or false, not '" + v + "'");
+  std::string l = v;
+  for (char& c : l) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (l == "1" || l == "true" || l == "on" || l == "yes") return true;
+  if (l == "0" || l == "false" || l == "off" || l == "no") return false;
+  throw invalid_argument(key + " takes true or false, not '" + v + "'");
 }
 }  // namespace
 
@@ -98,7 +102,7 @@ void pool_options::parse(const std::string& conf) {
     if (item.find_first_not_of(" \t") == std::string::npos) continue;
     auto colon = item.find(':');
     if (colon == std::string::npos)
-      throw invalid_argument("VRAMKIT_ALLOC_CONF: '" + item + "' is not key:value");
+      throw invalid_argument("'" + item + "' is not key:value");
     std::string k = item.substr(0, colon), v = item.substr(colon + 1);
     auto trim = [](std::string s) {
       s.erase(0, s.find_first_not_of(" \t"));
@@ -126,13 +130,13 @@ void pool_options::parse(const std::string& conf) {
         // Removed: wait_to_remap gives as little memory for less time (docs/configuration.md).
         if (parse_bool(k, v))
           throw invalid_argument(
-              "VRAMKIT_ALLOC_CONF: defer_unmap was removed: wait_to_remap:true gives as little "
+              "defer_unmap was removed: wait_to_remap:true gives as little "
               "memory at a smaller cost in time");
       } else if (k == "keep_mappings") o.keep_mappings = parse_bool(k, v);
       else if (k == "remap_own") o.remap_own = parse_bool(k, v);
       else if (k == "remap_own_slack") o.remap_own_slack = parse_real(k, v);
       else
-        throw invalid_argument("VRAMKIT_ALLOC_CONF: unknown key '" + k +
+        throw invalid_argument("unknown key '" + k +
                                "' (known: alignment, page_size, small_threshold, small_segment, large_rounding, "
                                "reserve_limit, release_threshold, growth_slack, remap, wait_to_remap, keep_mappings, remap_own, "
                                "remap_own_slack, "
@@ -140,7 +144,7 @@ void pool_options::parse(const std::string& conf) {
     } catch (const invalid_argument&) {
       throw;
     } catch (const std::exception&) {
-      throw invalid_argument("VRAMKIT_ALLOC_CONF: bad value '" + v + "' for " + k);
+      throw invalid_argument("bad value '" + v + "' for " + k);
     }
   }
   o.validate();
@@ -149,7 +153,13 @@ void pool_options::parse(const std::string& conf) {
 
 pool_options pool_options::from_env() {
   pool_options o;
-  if (const char* e = std::getenv("VRAMKIT_ALLOC_CONF")) o.parse(e);
+  if (const char* e = std::getenv("VRAMKIT_ALLOC_CONF")) {
+    try {
+      o.parse(e);
+    } catch (const invalid_argument& x) {  // name where the bad setting came from
+      throw invalid_argument(std::string("VRAMKIT_ALLOC_CONF: ") + x.what());
+    }
+  }
   return o;
 }
 

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <clocale>
+#include <cstdlib>
 #include <string>
 
 #include "vramkit/error.hpp"
@@ -101,4 +102,40 @@ TEST(Parsing, RemapOwnNeedsKeptMappings) {
   for (const char* bad : {"remap_own_slack:-0.1", "remap_own_slack:101", "remap_own_slack:8%", "remap_own_slack:"})
     EXPECT_THROW(o.parse(bad), invalid_argument) << bad;
   EXPECT_DOUBLE_EQ(o.remap_own_slack, 0.08);  // a refused string changes nothing
+}
+
+namespace {
+std::string message_of(const std::string& conf) {
+  try {
+    pool_options o;
+    o.parse(conf);
+  } catch (const invalid_argument& e) {
+    return e.what();
+  }
+  return "(accepted)";
+}
+}  // namespace
+
+// A bad option names the option and the problem; only a setting read from the
+// environment says it came from VRAMKIT_ALLOC_CONF (make_resource specs and
+// --allocator are other sources).
+TEST(Parsing, MessagesNameTheOptionAndTheirSource) {
+  EXPECT_EQ(message_of("growth_slack:-1"), "growth_slack cannot be negative (got -1)");
+  EXPECT_EQ(message_of("remap_own:maybe"), "remap_own takes true or false, not 'maybe'");
+  EXPECT_EQ(message_of("nope:1").rfind("unknown key 'nope'", 0), 0u) << message_of("nope:1");
+  pool_options o;
+  o.parse("remap:TRUE,keep_mappings:Off,wait_to_remap:yes");  // any case of the usual words
+  EXPECT_TRUE(o.remap);
+  EXPECT_FALSE(o.keep_mappings);
+  EXPECT_TRUE(o.wait_to_remap);
+  const char* old = std::getenv("VRAMKIT_ALLOC_CONF");
+  const std::string saved = old ? old : "";
+  ::setenv("VRAMKIT_ALLOC_CONF", "page_size:3MiB", 1);
+  try {
+    pool_options::from_env();
+    ADD_FAILURE() << "page_size:3MiB was accepted";
+  } catch (const invalid_argument& e) {
+    EXPECT_EQ(std::string(e.what()).rfind("VRAMKIT_ALLOC_CONF: page_size", 0), 0u) << e.what();
+  }
+  if (old) ::setenv("VRAMKIT_ALLOC_CONF", saved.c_str(), 1); else ::unsetenv("VRAMKIT_ALLOC_CONF");
 }
