@@ -49,15 +49,21 @@ void bind_resource(nb::module_& m) {
   nb::class_<device_resource>(m, "Resource", "A memory resource: an upstream, the pool, or an adaptor over one.")
       .def_prop_ro("name", &device_resource::name)
       .def_prop_ro("device", &device_resource::device)
-      .def("allocate", [](device_resource& r, std::size_t n, nb::handle s) {
-            return reinterpret_cast<std::uintptr_t>(r.allocate(n, to_stream(s)));
-          }, "nbytes"_a, "stream"_a.none() = nb::none(), "Allocates nbytes; returns the device pointer as an int.")
-      .def("deallocate", [](device_resource& r, std::uintptr_t p, std::size_t n, nb::handle s) {
-            r.deallocate_checked(reinterpret_cast<void*>(p), n, to_stream(s));
+      .def("allocate", [](device_resource& r, nb::handle n, nb::handle s) {
+            const std::size_t bytes = static_cast<std::size_t>(to_u64(n, "nbytes"));
+            const stream_t st = to_stream(s);
+            return reinterpret_cast<std::uintptr_t>(r.allocate(bytes, st));
+          }, "nbytes"_a, "stream"_a.none() = nb::none(),
+          "Allocates nbytes; returns the device pointer as an int. Raises ValueError for a size that is "
+          "negative or not an integer.")
+      .def("deallocate", [](device_resource& r, nb::handle p, nb::handle n, nb::handle s) {
+            const auto ptr = static_cast<std::uintptr_t>(to_u64(p, "ptr"));
+            const std::size_t bytes = static_cast<std::size_t>(to_u64(n, "nbytes"));
+            r.deallocate_checked(reinterpret_cast<void*>(ptr), bytes, to_stream(s));
           }, "ptr"_a, "nbytes"_a = 0, "stream"_a.none() = nb::none(),
           "Frees ptr. Raises ValueError on a double free, a foreign pointer or a wrong size (nothing changes).")
-      .def("record_stream", [](device_resource& r, std::uintptr_t p, nb::handle s) {
-            r.record_stream(reinterpret_cast<void*>(p), to_stream(s));
+      .def("record_stream", [](device_resource& r, nb::handle p, nb::handle s) {
+            r.record_stream(reinterpret_cast<void*>(static_cast<std::uintptr_t>(to_u64(p, "ptr"))), to_stream(s));
           }, "ptr"_a, "stream"_a)
       .def("release_cached", &device_resource::release_cached, nb::call_guard<nb::gil_scoped_release>())
       .def("state", [](const device_resource& r) { return state_dict(r.state()); })

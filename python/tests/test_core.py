@@ -58,6 +58,20 @@ def test_bad_sizes_devices_and_options():
     b = vramkit.alloc(0)
     assert b.ptr == 0 and b.nbytes == 0
     b.free()
+    # The resource's own calls: one ValueError naming the argument, and the resource unchanged.
+    r = vramkit.make_resource("pool", 0)
+    before = r.state()
+    for call, msg in ((lambda: r.allocate(-1), "nbytes must not be negative"),
+                      (lambda: r.allocate(1.5), "nbytes must be an integer, not float"),
+                      (lambda: r.allocate(2 ** 70), "over 2\\*\\*64-1"),
+                      (lambda: r.deallocate("x"), "ptr must be an integer, not str"),
+                      (lambda: r.deallocate(4096, -2), "nbytes must not be negative"),
+                      (lambda: r.record_stream(-1, 0), "ptr must not be negative")):
+        with pytest.raises(ValueError, match=msg):
+            call()
+    assert r.state() == before
+    p = r.allocate(1000)
+    r.deallocate(p, 1000)
 
 
 def test_resource_double_free_and_foreign_pointer_change_nothing():
