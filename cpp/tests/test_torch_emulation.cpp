@@ -98,8 +98,12 @@ TEST(TorchEmulation, BadFreeIsRefusedAndChangesNothing) {
   int x = 0;
   EXPECT_EQ(e->try_deallocate(&x, 4, 0), free_status::not_owned);
   EXPECT_EQ(e->reserved_bytes(), std::size_t{2} << 20);
+  EXPECT_EQ(e->try_deallocate(p, 1, 0), free_status::wrong_size);  // refused: still live
+  EXPECT_EQ(e->allocated_bytes(), e->round_size(1000));
   EXPECT_EQ(e->try_deallocate(p, 1000, 0), free_status::ok);
   EXPECT_EQ(e->try_deallocate(p, 1000, 0), free_status::not_owned);
+  void* q = e->allocate(1000, 0);
+  EXPECT_EQ(e->try_deallocate(q, e->round_size(1000), 0), free_status::ok);  // the rounded size, as traces keep it
 }
 
 TEST(TorchEmulation, MakeResourceKnowsTheNames) {

@@ -371,12 +371,15 @@ torch_caching_emulator::block* torch_caching_emulator::alloc_found_block(request
   return b;
 }
 
-free_status torch_caching_emulator::try_deallocate(void* ptr, std::size_t, stream_t) noexcept {
+free_status torch_caching_emulator::try_deallocate(void* ptr, std::size_t bytes, stream_t) noexcept {
   if (!ptr) return free_status::ok;
   std::lock_guard<std::mutex> lk(mu_);
   auto it = live_.find(reinterpret_cast<std::uintptr_t>(ptr));
   if (it == live_.end()) return free_status::not_owned;
   block* b = it->second;
+  // A size, when given, is the request, its rounded size or the block's (as a trace may record it).
+  if (bytes != 0 && bytes != b->requested && bytes != round_size(b->requested) && bytes != b->size)
+    return free_status::wrong_size;
   live_.erase(it);
   b->allocated = false;
   ctr_.allocated_bytes -= b->size;
