@@ -157,6 +157,7 @@ void reset_runtime() {
 }
 
 std::shared_ptr<device_resource> make_resource(const std::string& spec, int device) {
+  check_device(device);
   auto colon = spec.find(':');
   std::string kind = spec.substr(0, colon);
   std::string conf = colon == std::string::npos ? "" : spec.substr(colon + 1);

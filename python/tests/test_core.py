@@ -53,6 +53,10 @@ def test_bad_sizes_devices_and_options():
         vramkit.make_resource("pool:alignment:100")
     with pytest.raises(ValueError, match="unknown allocator"):
         vramkit.make_resource("bogus")
+    for dev in (-1, 7, 2 ** 70):  # a device the backend does not have, for every kind of resource
+        for spec in ("pool", "host", "torch-default"):
+            with pytest.raises(ValueError, match="unknown device|must not be negative|over 2"):
+                vramkit.make_resource(spec, dev)
     with pytest.raises(ValueError):
         vramkit.set_per_process_memory_fraction(1.5)
     b = vramkit.alloc(0)

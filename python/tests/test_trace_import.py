@@ -276,6 +276,12 @@ def test_snapshot_older_schema_and_devices():
     assert tr.peak_live_bytes() == 4007
     with pytest.raises(ValueError):
         snapshot_to_trace({"device_traces": [[{"action": "alloc", "addr": "x", "size": 1, "stream": 0}]]})
+    # A device the snapshot holds nothing of, or no device number at all, is an error, not an empty trace.
+    for bad, msg in ((5, "nothing of device 5 .devices with events: \\[1\\]; with segments: \\[0\\]"),
+                     (-1, "not -1"), (True, "not True"), ("0", "not '0'")):
+        with pytest.raises(ValueError, match=msg):
+            snapshot_to_trace(snap, device=bad)
+    assert snapshot_to_trace(snap, device=0).metadata["from"] == "segments"  # device 0 has segments only
 
 
 def test_snapshot_state_only_uses_segments(tmp_path):

@@ -441,8 +441,8 @@ def snapshot_to_trace(snapshot: Any, *, name: str = "snapshot", device: int | No
         raise ValueError(f"{file}: 'device_traces' is not a list of lists")
     if not isinstance(segments, list):
         raise ValueError(f"{file}: 'segments' is not a list")
-    if device is not None and not isinstance(device, int):
-        raise ValueError("device must be an int")
+    if device is not None and (isinstance(device, bool) or not isinstance(device, int) or device < 0):
+        raise ValueError(f"device must be a device number (an int >= 0), not {device!r}")
 
     def has_allocs(t: list[Any]) -> bool:
         return any(isinstance(e, dict) and e.get("action") == _TORCH_ALLOC for e in t)
@@ -455,6 +455,11 @@ def snapshot_to_trace(snapshot: Any, *, name: str = "snapshot", device: int | No
         meta["allocator_settings"] = snapshot["allocator_settings"]
     if use is not None and 0 <= use < len(traces) and traces[use]:
         return _snapshot_events(traces[use], name, use, file, meta)
+    if device is not None and not any(isinstance(sg, dict) and sg.get("device", 0) == device for sg in segments):
+        with_segments = sorted({sg.get("device", 0) for sg in segments if isinstance(sg, dict)
+                                and isinstance(sg.get("device", 0), int)})
+        raise ValueError(f"{file}: the snapshot holds nothing of device {device} (devices with events: "
+                         f"{devices_with_events or 'none'}; with segments: {with_segments or 'none'})")
     return _snapshot_segments(segments, name, device, file, meta)
 
 
