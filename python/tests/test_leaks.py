@@ -331,6 +331,12 @@ def test_cli_leaks_on_a_snapshot_and_on_bad_files(tmp_path):
         assert r.returncode == 1
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and lines[0].startswith("vramkit leaks: error:"), r.stderr
+    for opt, msg in ((["--top", "-1"], "--top must be 0 or more"), (["--windows", "0"], "--windows must be between"),
+                     (["--windows", "1"], "--windows must be between")):
+        r = subprocess.run([sys.executable, "-m", "vramkit", "leaks", str(path)] + opt, capture_output=True,
+                           text=True, timeout=120)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 1 and len(lines) == 1 and lines[0].startswith(f"vramkit leaks: error: {msg}"), r.stderr
     evil = tmp_path / "evil.pickle"
     evil.write_bytes(pickle.dumps({"segments": [], "device_traces": [[{"action": os.system}]]}))
     r = subprocess.run([sys.executable, "-m", "vramkit", "leaks", str(evil)], capture_output=True, text=True,

@@ -95,6 +95,13 @@ def test_report_rejects_bad_torch_option(tmp_path):
     assert not (tmp_path / "x.html").exists()
 
 
+def test_report_passes_are_bounded_like_replay(tmp_path):
+    for n in ("0", "1001"):
+        p = _cli("report", "-o", str(tmp_path / "x.html"), "--passes", n)
+        assert p.returncode == 1 and f"--passes must be between 1 and 1000, not {n}" in p.stderr, p.stderr
+        assert p.stderr.count("\n") == 1 and not (tmp_path / "x.html").exists()
+
+
 def test_report_refuses_to_write_over_its_input(tmp_path):
     """-o naming the trace being read (or through a symlink to it) is refused before anything is
     written: the trace stays as it was."""

@@ -134,6 +134,8 @@ def _same_file(a: str, b: str) -> bool:
 def cmd_report(args) -> int:
     from . import _vramkit
     from .report import render_report
+    if args.passes < 1 or args.passes > 1000:
+        raise CliError(f"--passes must be between 1 and 1000, not {args.passes}")
     for name, given in (("trace", args.trace), ("--recording", args.recording)):
         if given and _same_file(given, args.output):
             raise CliError(f"-o {args.output} is the {name} being read; write the report elsewhere")

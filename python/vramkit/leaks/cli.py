@@ -76,6 +76,11 @@ def _text(r: dict, top: int) -> str:
 
 
 def cmd_leaks(args) -> int:
+    from .._cli_common import CliError
+    if args.top < 0:
+        raise CliError(f"--top must be 0 or more, not {args.top}")
+    if not 2 <= args.windows <= 1000:
+        raise CliError(f"--windows must be between 2 and 1000, not {args.windows}")
     trace = _load(args.trace)
     r = analyze(trace, windows=args.windows, top=0)
     if args.json:
