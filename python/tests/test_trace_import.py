@@ -574,6 +574,40 @@ def test_v1_writer_is_atomic(tmp_path):
     assert sorted(os.listdir(tmp_path)) == ["a.vktrace", "b.vktrace"]
 
 
+def test_v1_writer_refuses_what_its_reader_refuses(tmp_path):
+    """The writer checks, before writing, what read_v1 would reject: an alloc of a live id, a free
+    whose size differs from its allocation's, values that are not integers. The file it then
+    publishes reads back."""
+    out = tmp_path / "w.vktrace"
+    with TraceWriter(out) as w:
+        w.alloc(1, 100)
+        for call, msg in ((lambda: w.alloc(1, 50), "alloc of id 1 that is still live"),
+                          (lambda: w.free(1, 99), "free of id 1 with size 99, allocated with 100"),
+                          (lambda: w.record(0, 2, 1.5), "size must be an integer, not float"),
+                          (lambda: w.record(0, True, 1), "id must be an integer, not bool"),
+                          (lambda: w.alloc(2, 1, stream="s"), "stream must be an integer"),
+                          (lambda: w.alloc(2, 1, site=7), "site must be a string")):
+            with pytest.raises(ValueError, match=msg):
+                call()
+        w.free(1, 100)
+        w.alloc(1, 30)  # the id is free again
+        w.free(7)  # a free of an id never allocated is kept (a tracer attached mid-run); the reader skips it
+        tr = load_trace(default_trace_path())
+        small = Trace(tr.name, tr.source, tr.ops[:40].copy(), tr.streams, tr.sites, None)
+        small.left_live = small.n_allocs - small.n_frees
+        with pytest.raises(ValueError, match="still live .written before this trace"):
+            w.write_trace(small)  # its dense ids start at 0 and 1 is live here
+        w.free(1, 30)
+        w.write_trace(small)
+        left_ids = set(small.ops[small.ops[:, 0] == 0, 1].tolist()) - set(small.ops[small.ops[:, 0] == 1, 1].tolist())
+        assert left_ids
+        left = min(left_ids)
+        with pytest.raises(ValueError, match="still live"):
+            w.alloc(left, 1)  # an id the trace left live
+    back = read_v1(out)
+    assert back.skipped_frees == 1 and back.n_allocs == 2 + small.n_allocs
+
+
 def _fuzz_file(tmp_path) -> bytes:
     tr = load_trace(default_trace_path())
     small = Trace(tr.name, tr.source, tr.ops[:300].copy(), tr.streams, tr.sites, tr.t_us[:300].copy())

@@ -409,6 +409,7 @@ class TraceWriter(PublishOnExit):
         self._stream_index: dict[int, int] = {}
         self._sites: list[str] = [""]
         self._site_index: dict[str, int] = {"": 0}
+        self._live: dict[int, int] = {}  # id -> size of the allocations not yet freed (what the reader checks)
         try:
             self._f.write(HEADER.pack(MAGIC, VERSION, 0, len(meta_raw), zlib.crc32(meta_raw)))
             self._f.write(meta_raw)
@@ -452,6 +453,12 @@ class TraceWriter(PublishOnExit):
                t_ns: int | None = None) -> None:
         """Append one record; ``stream`` is the original handle, ``site`` a string."""
         self._check_open()
+        for what, v in (("action", action), ("id", id), ("size", size), ("stream", stream), ("t_ns", t_ns)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer))):
+                raise ValueError(f"{what} must be an integer, not {type(v).__name__}")
+        if not isinstance(site, str):
+            raise ValueError(f"site must be a string, not {type(site).__name__}")
+        action, id, size = int(action), int(id), int(size)
         if action not in (ALLOC, FREE):
             raise ValueError(f"action must be 0 (alloc) or 1 (free), not {action}")
         if not 0 <= id < (1 << 64):
@@ -460,11 +467,22 @@ class TraceWriter(PublishOnExit):
             raise ValueError(f"size {size} outside 0..2**63-1")
         flags = 0
         if t_ns is not None:
+            t_ns = int(t_ns)
             if not -(1 << 63) <= t_ns <= _I64_MAX:
                 raise ValueError(f"t_ns {t_ns} does not fit a signed 64-bit integer")
             flags = FLAG_TIME
-        self._buf += RECORD.pack(action, flags, self.stream_index(stream), self.site_index(site) if site else 0,
-                                 t_ns or 0, id, size)
+        # What the reader refuses is refused here, before anything is written.
+        if action == ALLOC and id in self._live:
+            raise ValueError(f"alloc of id {id} that is still live")
+        if action == FREE and size and id in self._live and self._live[id] != size:
+            raise ValueError(f"free of id {id} with size {size}, allocated with {self._live[id]}")
+        rec = RECORD.pack(action, flags, self.stream_index(stream), self.site_index(site) if site else 0,
+                          t_ns or 0, id, size)
+        if action == ALLOC:
+            self._live[id] = size
+        else:
+            self._live.pop(id, None)  # a free of an id not live is kept; the reader skips it
+        self._buf += rec
         self._pending += 1
         if self._pending >= self._chunk_records:
             self._flush_records()
@@ -481,6 +499,13 @@ class TraceWriter(PublishOnExit):
         """Append all ops of a :class:`Trace` (vectorised; its ids, streams and sites kept)."""
         self._check_open()
         ops = trace.ops
+        allocs = ops[:, 0] == ALLOC
+        if self._live:
+            clash = np.intersect1d(ops[allocs, 1], np.fromiter(self._live, dtype=np.int64, count=len(self._live)))
+            if clash.size:
+                raise ValueError(f"alloc of id {int(clash[0])} that is still live (written before this trace)")
+        freed = np.zeros(int(ops[:, 1].max()) + 1 if len(ops) else 0, dtype=bool)
+        freed[ops[~allocs, 1]] = True
         stream_map = np.array([self.stream_index(h) for h in trace.streams] or [0], dtype=np.uint16)
         site_map = np.array([self.site_index(s) if s else 0 for s in trace.sites] or [0], dtype=np.uint32)
         start = 0
@@ -502,6 +527,8 @@ class TraceWriter(PublishOnExit):
             start += part.shape[0]
             if self._pending >= self._chunk_records:
                 self._flush_records()
+        for i, size in ops[allocs & ~freed[ops[:, 1]], 1:3]:  # left live by the trace
+            self._live[int(i)] = int(size)
 
     def _check_open(self) -> None:
         if self._f is None:
