@@ -608,6 +608,22 @@ def test_v1_writer_refuses_what_its_reader_refuses(tmp_path):
     assert back.skipped_frees == 1 and back.n_allocs == 2 + small.n_allocs
 
 
+def test_live_memory_past_2_62_is_refused(tmp_path):
+    """Sizes each within int64 whose live sum passes 2^62 would overflow the sums made of them
+    (negative live memory, fragmentation below 1): every importer refuses such a trace, naming the op."""
+    csv_path = tmp_path / "huge.csv"
+    csv_path.write_text("action,addr,size\nalloc,1,%d\nalloc,2,%d\nalloc,3,%d\n" % (2 ** 61, 2 ** 61, 2 ** 61))
+    with pytest.raises(ValueError, match="op 2: live memory reaches .* past 2\\^62"):
+        load_trace(csv_path)
+    with TraceWriter(tmp_path / "huge.vktrace") as w:
+        for i in range(3):
+            w.alloc(i, 2 ** 61)
+    with pytest.raises(ValueError, match="past 2\\^62"):
+        read_v1(tmp_path / "huge.vktrace")
+    csv_path.write_text("action,addr,size\nalloc,1,%d\nfree_requested,1,%d\nalloc,2,%d\n" % ((2 ** 62,) * 3))
+    assert load_trace(csv_path).peak_live_bytes() == 2 ** 62  # up to the limit, and freed in between: fine
+
+
 def _fuzz_file(tmp_path) -> bytes:
     tr = load_trace(default_trace_path())
     small = Trace(tr.name, tr.source, tr.ops[:300].copy(), tr.streams, tr.sites, tr.t_us[:300].copy())

@@ -388,9 +388,27 @@ class TraceBuilder:
         meta = dict(self.metadata)
         if self.implicit_frees:
             meta["implicit_frees"] = self.implicit_frees
+        check_live_range(ops, self.name)
         return Trace(name=self.name, source=self.source, ops=ops, streams=list(self.streams),
                      sites=list(self.sites), t_us=t_us, skipped_frees=self.skipped_frees,
                      left_live=len(self._live), metadata=meta)
+
+
+LIVE_LIMIT = 1 << 62  # bytes: past any device, and far enough from int64's end for every sum made of them
+
+
+def check_live_range(ops: np.ndarray, name: str) -> None:
+    """Refuse a trace whose live bytes ever pass 2^62 (sums of sizes would overflow int64 on the
+    way: negative live memory, ratios below 1); names the first op that does."""
+    if ops.shape[0] == 0:
+        return
+    sign = np.where(ops[:, 0] == ALLOC, 1.0, -1.0)
+    live = np.cumsum(sign * ops[:, 2].astype(np.float64))
+    over = np.flatnonzero(live > LIVE_LIMIT)
+    if over.size:
+        k = int(over[0])
+        raise ValueError(f"{name}: op {k}: live memory reaches {live[k]:.3g} bytes, past 2^62: not the memory "
+                         "of a device")
 
 
 _SUFFIXES = (".gz", ".csv", ".log", ".pickle", ".pkl", ".vktrace", ".trace", ".snapshot")

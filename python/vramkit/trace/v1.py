@@ -30,7 +30,7 @@ import numpy as np
 
 from .._atomic import AtomicFile, PublishOnExit
 from . import limits
-from .model import ALLOC, FREE, Trace, trace_name_from_path
+from .model import ALLOC, FREE, Trace, check_live_range, trace_name_from_path
 
 __all__ = [
     "MAGIC", "VERSION", "RECORD_DTYPE", "Record", "TraceWriter", "V1Reader",
@@ -284,6 +284,7 @@ def read_v1(path: str | os.PathLike[str], *, name: str | None = None) -> Trace:
         raise ValueError(f"{fname}: op {k}: site index {int(ops[k, 4])} outside the site table "
                          f"({len(site_table)} entries)")
     t_us = times if (all_timed and n) else None
+    check_live_range(ops, fname)
     trace_name = name or (meta.get("name") if isinstance(meta.get("name"), str) and meta.get("name") else None)
     return Trace(name=trace_name or trace_name_from_path(path), source="vramkit-v1", ops=ops,
                  streams=list(stream_table),
