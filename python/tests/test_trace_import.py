@@ -160,8 +160,20 @@ def test_truncated_gzip(tmp_path):
 
 def test_non_utf8_csv(tmp_path):
     path = write(tmp_path / "latin.csv", CSV_HEAD.encode() + b"1,alloc,8,10,0\n2,\xff\xfe,8,1,0\n")
-    with pytest.raises(ValueError, match="UTF-8"):
+    with pytest.raises(ValueError, match="line 3: not UTF-8"):
         load_trace(path)
+    # Far into a file (past the text reader's read-ahead), in a gzip too, and after a character cut
+    # at a 1 MiB read: the error names the line holding the bad byte.
+    rows = b"".join(b"%d,alloc,%d,10,0\n" % (i, 8 * i + 8) for i in range(100000))
+    body = CSV_HEAD.encode() + rows + b"5,alloc,8,\xff,0\n"
+    bad_line = body.count(b"\n")
+    for name, data in (("far.csv", body), ("far.csv.gz", gzip.compress(body))):
+        with pytest.raises(ValueError, match=f"line {bad_line}: not UTF-8"):
+            load_trace(write(tmp_path / name, data))
+    pad = (1 << 20) - len(CSV_HEAD.encode()) - 1  # a two-byte character across the first 1 MiB boundary
+    cut = CSV_HEAD.encode() + b"#" * pad + "\u00e9".encode() + b"\n" + b"1,alloc,8,\xff,0\n"
+    from vramkit.trace import importers
+    assert importers._bad_utf8_line(write(tmp_path / "cut.csv", cut)) == 3
 
 
 # -- RMM log ---------------------------------------------------------------------------------------

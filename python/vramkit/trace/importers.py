@@ -193,6 +193,30 @@ def _open_text(path: str | os.PathLike[str]) -> io.TextIOBase:
     return io.TextIOWrapper(stream, encoding="utf-8-sig", newline="")
 
 
+def _bad_utf8_line(path: str | os.PathLike[str]) -> int | None:
+    """The line holding the first byte that is not UTF-8 (the text reader decodes ahead of the
+    line it hands out, so its position does not say), or None."""
+    with open(path, "rb") as f:
+        magic = f.read(2)
+    lines, carry = 0, b""
+    with (gzip.open(path, "rb") if magic == _GZIP_MAGIC else open(path, "rb")) as raw:
+        while True:
+            chunk = raw.read(1 << 20)
+            data = carry + chunk
+            try:
+                data.decode("utf-8")
+                carry = b""
+            except UnicodeDecodeError as e:
+                if chunk and e.reason == "unexpected end of data" and e.end == len(data):
+                    carry = data[e.start:]  # a character cut by the chunk's end
+                    data = data[:e.start]
+                else:
+                    return lines + data[:e.start].count(b"\n") + 1
+            lines += data.count(b"\n")
+            if not chunk:
+                return None
+
+
 def _csv_rows(path: str | os.PathLike[str]) -> Iterator[tuple[int, list[str]]]:
     """(line number, fields) for every non-blank line, with read errors turned into ValueError."""
     name = _display(path)
@@ -207,7 +231,11 @@ def _csv_rows(path: str | os.PathLike[str]) -> Iterator[tuple[int, list[str]]]:
     except (EOFError, zlib.error, gzip.BadGzipFile) as exc:
         raise ValueError(f"{name}: corrupt or truncated gzip data after line {lineno}: {exc}") from None
     except UnicodeDecodeError as exc:
-        raise ValueError(f"{name}: line {lineno + 1}: not UTF-8 text ({exc.reason})") from None
+        try:
+            line = _bad_utf8_line(path) or lineno + 1
+        except (OSError, EOFError, zlib.error):
+            line = lineno + 1
+        raise ValueError(f"{name}: line {line}: not UTF-8 text ({exc.reason})") from None
     except csv.Error as exc:
         raise ValueError(f"{name}: line {lineno + 1}: malformed CSV: {exc}") from None
     except OSError as exc:
