@@ -7,8 +7,10 @@
 #include <nanobind/stl/tuple.h>
 
 #include <atomic>
+#include <cstring>
 
 #include "bindings.hpp"
+#include "vramkit/platform/cuda.hpp"
 #include "vramkit/runtime.hpp"
 
 namespace nb = nanobind;
@@ -175,14 +177,32 @@ void bind_buffer(nb::module_& m) {
         root_of(b).views_.fetch_add(1);
         return nb::cast(v, nb::rv_policy::take_ownership);
       })
-      .def("copy_from_host", [](device_buffer& b, nb::bytes data, nb::handle offset_h) {
+      .def("copy_from_host", [](device_buffer& b, nb::handle data, nb::handle offset_h) {
         b.check_alive();
         std::uint64_t offset = to_u64(offset_h, "copy_from_host: offset");
-        if (offset > b.nbytes_ || data.size() > b.nbytes_ - offset)
-          throw invalid_argument("copy_from_host: " + std::to_string(data.size()) + " bytes at offset " +
+        // Any C-contiguous object with the buffer protocol (bytes, bytearray, memoryview, a NumPy array).
+        Py_buffer view;
+        if (PyObject_GetBuffer(data.ptr(), &view, PyBUF_C_CONTIGUOUS) != 0) {
+          PyErr_Clear();
+          throw invalid_argument("copy_from_host: data must be bytes or another C-contiguous buffer (bytearray, "
+                                 "memoryview, a NumPy array), not " +
+                                 nb::cast<std::string>(nb::type_name(data.type())));
+        }
+        struct release_view {
+          Py_buffer* v;
+          ~release_view() { PyBuffer_Release(v); }
+        } guard{&view};
+        const std::size_t n = static_cast<std::size_t>(view.len);
+        if (offset > b.nbytes_ || n > b.nbytes_ - offset)
+          throw invalid_argument("copy_from_host: " + std::to_string(n) + " bytes at offset " +
                                  std::to_string(offset) + " do not fit in " + std::to_string(b.nbytes_));
-        nb::module_::import_("vramkit._vramkit").attr("copy_to_device")(b.ptr_ + offset, data);
-      }, "data"_a, "offset"_a = 0)
+        void* dst = reinterpret_cast<void*>(b.ptr_ + offset);
+        nb::gil_scoped_release nogil;  // the exported view keeps the source alive
+        if (current_backend() == backend::cuda)
+          cuda::copy_to_device(dst, view.buf, n);
+        else
+          std::memcpy(dst, view.buf, n);
+      }, "data"_a.none(), "offset"_a = 0)
       .def("copy_to_host", [](device_buffer& b) {
         b.check_alive();
         return nb::module_::import_("vramkit._vramkit").attr("copy_to_host")(b.ptr_, b.nbytes_);

@@ -220,3 +220,22 @@ def test_an_emulator_cannot_be_the_current_resource():
     b = vramkit.alloc(4096)
     b.copy_from_host(b"x" * 4096)
     assert b.copy_to_host()[:1] == b"x"
+
+
+def test_copy_from_host_takes_any_contiguous_buffer():
+    """bytes, bytearray, memoryview and NumPy arrays copy in; a non-contiguous view or an object
+    without the buffer protocol is a ValueError naming what it got, and the buffer keeps its bytes."""
+    import numpy as np
+    b = vramkit.alloc(16)
+    b.copy_from_host(b"\x01" * 16)
+    b.copy_from_host(np.arange(2, dtype=np.int32), offset=4)
+    b.copy_from_host(bytearray(b"\x09\x09"), offset=14)
+    b.copy_from_host(memoryview(b"\x07"), offset=0)
+    assert b.copy_to_host() == b"\x07" + b"\x01" * 3 + np.arange(2, dtype=np.int32).tobytes() + b"\x01" * 2 + b"\x09\x09"
+    before = b.copy_to_host()
+    for bad, msg in ((np.arange(8, dtype=np.int16)[::2], "C-contiguous"), ("text", "not str"), (None, "not NoneType"),
+                     (np.zeros(5, dtype=np.int32), "20 bytes at offset 0 do not fit in 16")):
+        with pytest.raises(ValueError, match=msg):
+            b.copy_from_host(bad)
+    assert b.copy_to_host() == before
+    b.free()
