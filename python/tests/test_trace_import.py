@@ -313,6 +313,10 @@ def test_snapshot_state_only_uses_segments(tmp_path):
     assert tr.ops[:, 2].tolist() == [3000, 4000] and tr.left_live == 2
     assert [tr.sites[s] for s in tr.ops[:, 4]] == ["/home/u/proj/data.py:10", "/p/legacy.py:10"]
     assert tr.streams == [0, 5]
+    bad = pickle.loads(pickle.dumps(snap))
+    bad["segments"][0]["blocks"][1]["size"] = -100
+    with pytest.raises(ValueError, match=r"segments\[0\]\.blocks\[1\]: negative size -100"):
+        snapshot_to_trace(bad)
     # torch.cuda.memory_snapshot() returns the segments list alone
     only = snapshot_to_trace(snap["segments"])
     assert np.array_equal(only.ops, tr.ops)

@@ -569,6 +569,8 @@ def _snapshot_segments(segments: list[Any], name: str, device: int | None, file:
             state = state if isinstance(state, str) else "?"
             states[state] += 1
             size = _int_of(blk, "size", where)
+            if size < 0:
+                raise ValueError(f"{where}: negative size {size}")
             if state == "active_allocated":
                 req, frames = _block_request(blk, where)
                 b.alloc(blk.get("address", addr) if isinstance(blk.get("address"), int) else addr,
