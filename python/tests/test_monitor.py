@@ -192,23 +192,50 @@ def test_smi_output_that_fails_keeps_the_old_file(fake, tmp_path, capsys, monkey
     out = tmp_path / "rec.csv"
     out.write_text("an older recording\n")
     import vramkit.monitor.smi as smi
-    real = smi._TextSink.write
+    real = smi._to_csv
     calls = []
 
-    def failing(self, text):
-        calls.append(text)
+    def failing(rows, header):
+        calls.append(header)
         if len(calls) == 2:
             raise OSError(28, "No space left on device")
-        return real(self, text)
-    monkeypatch.setattr(smi._TextSink, "write", failing)
+        return real(rows, header=header)
+    monkeypatch.setattr(smi, "_to_csv", failing)
     assert smi_main(["--csv", "--watch", "0.01", "--count", "5", "--output", str(out)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "No space left on device" in err and "Traceback" not in err
     assert out.read_text() == "an older recording\n"
     assert not [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")]
-    monkeypatch.setattr(smi._TextSink, "write", real)
+    monkeypatch.setattr(smi, "_to_csv", real)
     assert smi_main(["--csv", "--count", "1", "--output", str(out)]) == 0  # and then it is replaced whole
     assert out.read_text().startswith("timestamp,kind,")
+
+
+def test_smi_watch_ended_by_sigterm_publishes_the_recording(fake, tmp_path):
+    """A --watch recording ended by SIGTERM (a job scheduler's stop) is published whole, like Ctrl-C;
+    one killed hard leaves nothing at the destination."""
+    import signal
+    import subprocess
+    import time
+    out = tmp_path / "rec.csv"
+    env = dict(os.environ, VRAMKIT_FAKE_NVML=os.environ["VRAMKIT_FAKE_NVML"])
+    for sig, published in ((signal.SIGTERM, True), (signal.SIGKILL, False)):
+        p = subprocess.Popen([sys.executable, "-m", "vramkit", "smi", "--csv", "--watch", "0.05", "-o", str(out)],
+                             env=env, stderr=subprocess.PIPE, text=True)
+        deadline = time.time() + 30
+        while time.time() < deadline and not any(x.name.endswith(".tmp") for x in tmp_path.iterdir()):
+            time.sleep(0.05)
+        time.sleep(0.5)  # some samples
+        p.send_signal(sig)
+        p.wait(timeout=30)
+        if published:
+            assert p.returncode == 0, p.stderr.read()
+            assert load_recording(out).samples >= 2
+            assert not [x.name for x in tmp_path.iterdir() if x.name.endswith(".tmp")]
+            out.unlink()
+        else:
+            assert not out.exists()  # killed hard: nothing half-written at the destination
+        p.stderr.close()
 
 
 def test_smi_without_driver_exits_2_with_one_line(tmp_path):

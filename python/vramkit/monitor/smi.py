@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import argparse
 import datetime as _dt
+import io
 import json
 import os
+import signal
 import sys
 from typing import Any
 
@@ -135,63 +137,70 @@ def run(args: argparse.Namespace) -> int:
     interval = args.watch or 1.0
     repeated = count != 1
     out: Any = sys.stdout
-    sink = None  # --output: the file appears whole when the command ends (an existing one is kept on a failure)
+    # --output: the file appears whole when the command ends (--count reached, Ctrl-C or SIGTERM);
+    # on a failure an existing file stays as it was and nothing is left behind.
+    sink = None
     try:
         if args.output:
             from .._atomic import AtomicFile
             sink = AtomicFile(args.output)
-            out = _TextSink(sink.file)
+            out = io.TextIOWrapper(sink.file, encoding="utf-8", newline="")
     except OSError as e:
         print(f"{PROG}: cannot write {args.output}: {e.strerror or e}", file=sys.stderr)
         return 1
     clear = repeated and not args.json and not args.csv and out is sys.stdout and sys.stdout.isatty()
+    old_term = _sigterm_ends_watch() if sink is not None else None
+    published = False
     try:
-        for i in ticks(interval, count):
-            snap = snapper.take(processes=not args.no_processes)
-            if args.csv:
-                text = _to_csv(snapshot_rows(snap), header=i == 0)
-            elif args.json:
-                text = _json(snap, pretty=not repeated)
-            else:
-                text = _table(snap) + ("" if clear or not repeated else "\n")
-            if clear:
-                text = "\033[H\033[2J" + text
-            out.write(text)
-            out.flush()
-    except KeyboardInterrupt:
-        pass  # the way to end --watch
-    except BrokenPipeError:  # `vramkit smi --watch 1 | head`: the reader left; not an error
-        if out is sys.stdout:
-            # Python would report the failed flush at exit otherwise (see the signal module's docs).
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 0
-    except OSError as e:
-        print(f"{PROG}: write failed: {e}", file=sys.stderr)
-        if sink is not None:
-            sink.abort()
-        return 1
-    if sink is not None:
         try:
-            out.flush()
-            sink.commit()
+            for i in ticks(interval, count):
+                snap = snapper.take(processes=not args.no_processes)
+                if args.csv:
+                    text = _to_csv(snapshot_rows(snap), header=i == 0)
+                elif args.json:
+                    text = _json(snap, pretty=not repeated)
+                else:
+                    text = _table(snap) + ("" if clear or not repeated else "\n")
+                if clear:
+                    text = "\033[H\033[2J" + text
+                out.write(text)
+                out.flush()
+        except KeyboardInterrupt:
+            pass  # the way to end --watch
+        except BrokenPipeError:  # `vramkit smi --watch 1 | head`: the reader left; not an error
+            if out is sys.stdout:
+                # Python would report the failed flush at exit otherwise (see the signal module's docs).
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            return 0
         except OSError as e:
-            sink.abort()
             print(f"{PROG}: write failed: {e}", file=sys.stderr)
             return 1
-    return 0
+        if sink is not None:
+            try:
+                out.flush()
+                out.detach()  # the file is the sink's to close
+                sink.commit()
+                published = True
+            except OSError as e:
+                print(f"{PROG}: write failed: {e}", file=sys.stderr)
+                return 1
+        return 0
+    finally:
+        if old_term is not None:
+            signal.signal(signal.SIGTERM, old_term)
+        if sink is not None and not published:
+            sink.abort()
 
 
-class _TextSink:
-    """Text written as UTF-8 into an AtomicFile's binary file (which commit() or abort() closes)."""
-
-    def __init__(self, f) -> None:
-        self._f = f
-
-    def write(self, text: str) -> int:
-        return self._f.write(text.encode("utf-8"))
-
-    def flush(self) -> None:
-        self._f.flush()
+def _sigterm_ends_watch():
+    """SIGTERM ends a --watch like Ctrl-C (the recording is published); returns the handler it
+    replaced, or None where none can be set (not the main thread)."""
+    def stop(signum, frame):
+        raise KeyboardInterrupt
+    try:
+        return signal.signal(signal.SIGTERM, stop)
+    except ValueError:
+        return None
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -11,7 +11,7 @@ import os
 
 import numpy as np
 
-from .model import ALLOC, FREE, Trace
+from .model import ALLOC, FREE, Trace, check_live_range
 
 #: Files at least this large (bytes on disk) take the columnar path when the extension is built.
 FAST_MIN_BYTES = 4 << 20
@@ -36,6 +36,7 @@ def read_fast(path: str | os.PathLike[str], name: str, fname: str) -> Trace | No
     meta = {"format": "pytorch-trace-csv", "file": fname, "events": dict(cols["events"])}
     if implicit:
         meta["implicit_frees"] = implicit
+    check_live_range(ops, fname)
     return Trace(name=name, source="pytorch-trace-csv", ops=ops, streams=streams, sites=[""], t_us=t_us,
                  skipped_frees=skipped, left_live=left_live, metadata=meta)
 

@@ -400,8 +400,8 @@ LIVE_LIMIT = 1 << 62  # bytes: past any device, and far enough from int64's end 
 def check_live_range(ops: np.ndarray, name: str) -> None:
     """Refuse a trace whose live bytes ever pass 2^62 (sums of sizes would overflow int64 on the
     way: negative live memory, ratios below 1); names the first op that does."""
-    if ops.shape[0] == 0:
-        return
+    if ops.shape[0] == 0 or float(ops[:, 2].max()) * ops.shape[0] <= LIVE_LIMIT:
+        return  # (no sum of its sizes can get there: one pass, no array made)
     sign = np.where(ops[:, 0] == ALLOC, 1.0, -1.0)
     live = np.cumsum(sign * ops[:, 2].astype(np.float64))
     over = np.flatnonzero(live > LIVE_LIMIT)
