@@ -100,8 +100,7 @@ def page_call_ms(run: dict) -> tuple[float | None, float | None]:
     if not any(k in steps[0] for k in PAGE_CALL_KEYS):
         return None, None
     per = [sum(s.get(k, 0) for k in PAGE_CALL_KEYS) / 1e6 for s in steps]
-    warmup = min(max(int(run.get("warmup", 0) or 0), 0), len(per) - 1)
-    warm = per[warmup:] if warmup < len(per) else []
+    warm = per[max(int(run.get("warmup", 0) or 0), 1):]  # as the warm step time: the steps after the warm-up
     return per[0], (statistics.median(warm) if warm else None)
 
 

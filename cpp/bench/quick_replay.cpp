@@ -165,6 +165,7 @@ int main(int argc, char** argv) {
     std::vector<void*> ptr(ops.size(), nullptr);
     int passes = std::getenv("VKPASSES") ? std::atoi(std::getenv("VKPASSES")) : 4;
     std::size_t live = 0, peak_live = 0, sync_first = 0, sync_period = 0;
+    const bool grow_lines = std::getenv("VKGROW") != nullptr, grow_all = std::getenv("VKGROWALL") != nullptr;
     if (const char* sy = std::getenv("VKSYNC")) {
       char* end = nullptr;
       sync_first = std::strtoull(sy, &end, 10);
@@ -180,11 +181,12 @@ int main(int argc, char** argv) {
           if (i >= sync_first && (i - sync_first) % sync_period == 0) lag->caught_up = lag->now;
         }
         if (t.action == 0) {
-          const std::size_t r0 = pool.state().reserved_bytes;
+          const bool show = grow_lines && (pass == passes - 1 || grow_all);
+          const std::size_t r0 = show ? pool.state().reserved_bytes : 0;
           ptr[t.id] = pool.allocate(t.size, t.stream);
           live += t.size;
           peak_live = std::max(peak_live, live);
-          if (std::getenv("VKGROW") && (pass == passes - 1 || std::getenv("VKGROWALL")) && pool.state().reserved_bytes > r0) {
+          if (show && pool.state().reserved_bytes > r0) {
             auto u = pool.usage();
             std::printf("grow op %zu size %.2fM stream %u +%zu MiB reserved %zu live %zu | mapped %zu liveov %zu freeint %zu chunks %zu held %zu spare %zu\n",
                         static_cast<std::size_t>(&t - ops.data()), t.size / 1048576.0, (unsigned)t.stream,

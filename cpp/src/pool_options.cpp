@@ -28,6 +28,7 @@ std::size_t parse_size(const std::string& text) {
   for (char c : text)
     if (!std::isspace(static_cast<unsigned char>(c))) t += c;
   if (t.empty()) throw invalid_argument("empty size");
+  if (t[0] == '-') throw invalid_argument("size '" + text + "' cannot be negative");
   std::size_t i = 0;
   while (i < t.size() && (std::isdigit(static_cast<unsigned char>(t[i])) || t[i] == '.')) ++i;
   if (i == 0) throw invalid_argument("size '" + text + "' does not start with a number");
@@ -141,7 +142,9 @@ void pool_options::parse(const std::string& conf) {
                                "reserve_limit, release_threshold, growth_slack, remap, wait_to_remap, keep_mappings, remap_own, "
                                "remap_own_slack, "
                                "map_ahead, chunk_size, growth_chunks, va_factor)");
-    } catch (const invalid_argument&) {
+    } catch (const invalid_argument& e) {
+      const std::string m = e.what();  // a size's own message names the value, not the option
+      if (m.rfind("size '", 0) == 0 || m == "empty size") throw invalid_argument(k + ": " + m);
       throw;
     } catch (const std::exception&) {
       throw invalid_argument("bad value '" + v + "' for " + k);

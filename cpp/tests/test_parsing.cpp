@@ -123,6 +123,9 @@ TEST(Parsing, MessagesNameTheOptionAndTheirSource) {
   EXPECT_EQ(message_of("growth_slack:-1"), "growth_slack cannot be negative (got -1)");
   EXPECT_EQ(message_of("remap_own:maybe"), "remap_own takes true or false, not 'maybe'");
   EXPECT_EQ(message_of("nope:1").rfind("unknown key 'nope'", 0), 0u) << message_of("nope:1");
+  EXPECT_EQ(message_of("reserve_limit:-1GiB"), "reserve_limit: size '-1GiB' cannot be negative");
+  EXPECT_EQ(message_of("chunk_size:lots"), "chunk_size: size 'lots' does not start with a number");
+  EXPECT_EQ(message_of("page_size:"), "page_size: empty size");
   pool_options o;
   o.parse("remap:TRUE,keep_mappings:Off,wait_to_remap:yes");  // any case of the usual words
   EXPECT_TRUE(o.remap);

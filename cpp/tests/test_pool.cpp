@@ -385,7 +385,8 @@ TEST(page_resource, a_failing_device_synchronize_still_gives_the_pages_back) {
 TEST(pool, a_free_whose_event_cannot_be_recorded_stays_pending_until_one_is) {
   struct failing_events : stream_ops {
     int record_failures = 0, query_failures = 0, wait_failures = 0, recorded = 0, released = 0;
-    bool complete = false;
+    bool complete = false, capturing_b = false;
+    bool capturing(stream_t s) noexcept override { return capturing_b && s == 0x20; }
     event_id record(stream_t) override {
       if (record_failures > 0 && record_failures--) throw cuda_error("injected cudaEventRecord failure", 700);
       return static_cast<event_id>(++recorded);
@@ -445,6 +446,25 @@ TEST(pool, a_free_whose_event_cannot_be_recorded_stays_pending_until_one_is) {
     EXPECT_EQ(pool.state().pending_free_bytes, 0u);
     EXPECT_EQ(pool.state().reserved_bytes, 0u);
     pool.check_invariants();
+    // While the other stream is being captured, a later look does not record its event (it would
+    // join the graph): the free stays pending until the capture ends.
+    ev->complete = true;
+    void* c1 = pool.allocate(2 * MiB, a);
+    pool.record_stream(c1, b);
+    ev->record_failures = 1;
+    pool.deallocate_checked(c1, 0, a);
+    ev->capturing_b = true;
+    const int rec0 = ev->recorded;
+    void* c2 = pool.allocate(2 * MiB, a);
+    EXPECT_NE(c2, c1);
+    EXPECT_EQ(ev->recorded, rec0);
+    EXPECT_EQ(pool.state().pending_free_bytes, 2 * MiB);
+    ev->capturing_b = false;
+    void* c3 = pool.allocate(1 * MiB, a);  // recorded now, and done
+    EXPECT_EQ(ev->recorded, rec0 + 1);
+    EXPECT_EQ(pool.state().pending_free_bytes, 0u);
+    pool.deallocate_checked(c2, 0, a);
+    pool.deallocate_checked(c3, 0, a);
     // A pending free whose event was never recorded, left at the pool's end.
     void* t = pool.allocate(2 * MiB, a);
     pool.record_stream(t, b);

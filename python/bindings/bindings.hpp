@@ -18,6 +18,8 @@ nb::dict state_dict(const memory_state& s);
 nb::dict stats_dict(const statistics& s);
 // The pool's segments with their blocks, as Resource.segments() returns them.
 nb::list segments_list(const std::vector<segment_info>& segs);
+// Copies host bytes to a device address of the current backend (cudaMemcpy, or memcpy on the host).
+void copy_host_to_device(void* dst, const void* src, std::size_t bytes);
 }  // namespace vramkit::py
 
 void bind_resource(nanobind::module_& m);

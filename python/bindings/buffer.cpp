@@ -7,10 +7,8 @@
 #include <nanobind/stl/tuple.h>
 
 #include <atomic>
-#include <cstring>
 
 #include "bindings.hpp"
-#include "vramkit/platform/cuda.hpp"
 #include "vramkit/runtime.hpp"
 
 namespace nb = nanobind;
@@ -196,12 +194,8 @@ void bind_buffer(nb::module_& m) {
         if (offset > b.nbytes_ || n > b.nbytes_ - offset)
           throw invalid_argument("copy_from_host: " + std::to_string(n) + " bytes at offset " +
                                  std::to_string(offset) + " do not fit in " + std::to_string(b.nbytes_));
-        void* dst = reinterpret_cast<void*>(b.ptr_ + offset);
-        nb::gil_scoped_release nogil;  // the exported view keeps the source alive
-        if (current_backend() == backend::cuda)
-          cuda::copy_to_device(dst, view.buf, n);
-        else
-          std::memcpy(dst, view.buf, n);
+        // (with the GIL held: another thread's free() of this buffer waits for the copy)
+        copy_host_to_device(reinterpret_cast<void*>(b.ptr_ + offset), view.buf, n);
       }, "data"_a.none(), "offset"_a = 0)
       .def("copy_to_host", [](device_buffer& b) {
         b.check_alive();

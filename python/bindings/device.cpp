@@ -67,10 +67,7 @@ void bind_device(nb::module_& m) {
     if (current_backend() == backend::cuda) cuda::synchronize_device(to_device(d));
   }, "device"_a.none() = nb::none());
   m.def("copy_to_device", [](std::uintptr_t dst, nb::bytes src) {
-    if (current_backend() == backend::cuda)
-      cuda::copy_to_device(reinterpret_cast<void*>(dst), src.c_str(), src.size());
-    else
-      std::memcpy(reinterpret_cast<void*>(dst), src.c_str(), src.size());
+    copy_host_to_device(reinterpret_cast<void*>(dst), src.c_str(), src.size());
   });
   m.def("copy_to_host", [](std::uintptr_t src, std::size_t n) {
     std::string out(n, '\0');

@@ -2,6 +2,8 @@
 // argument converters the binding files share and the module itself; each topic binds its
 // own functions (resource, device, trace, buffer, monitor, leaks .cpp).
 #include <nanobind/nanobind.h>
+
+#include <cstring>
 #include <nanobind/stl/string.h>
 
 #include "bindings.hpp"
@@ -37,6 +39,13 @@ std::uint64_t to_u64(nb::handle h, const char* what) {
     throw invalid_argument(std::string(what) + " " + nb::cast<std::string>(nb::str(owned)) + " is over 2**64-1");
   }
   return u;
+}
+
+void copy_host_to_device(void* dst, const void* src, std::size_t bytes) {
+  if (current_backend() == backend::cuda)
+    cuda::copy_to_device(dst, src, bytes);
+  else
+    std::memcpy(dst, src, bytes);
 }
 
 stream_t to_stream(nb::handle h) {

@@ -373,7 +373,10 @@ def test_evaluate_rejects_bad_segments():
 
 @pytest.mark.parametrize("fields, msg", [
     ({"act": [float("inf"), 1]}, "'act' holds inf, not a whole number"),
-    ({"act": [2 ** 70, 1]}, "'act' holds 1180591620717411303424 bytes, more than 2\\^62"),
+    ({"act": [2 ** 70, 1]}, "'act' holds 1180591620717411303424 bytes, beyond 2\\^62"),
+    ({"head": -2 ** 70}, "'head' holds -1180591620717411303424 bytes, beyond 2\\^62 in magnitude"),
+    ({"ckpt_extra": False}, "'ckpt_extra' holds False"),
+    ({"time": [0.1, -1]}, "'time' holds -1: block times must be finite"),
     ({"act": [1.5, 1]}, "not a whole number of bytes"),
     ({"act": "ab"}, "'act' must be a list, not str"),
     ({"inp": [1, "x"]}, "'inp' holds 'x', not a number of bytes"),

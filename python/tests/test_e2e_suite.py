@@ -197,6 +197,7 @@ def test_time_in_page_calls_first_step_and_warm_median():
     runs[3]["step_page_ops"] = [{"pages_created": 3}]  # recorded before the timings existed: no figure
     assert report.page_call_ms(runs[1]) == (pytest.approx(40.0), pytest.approx(2.0))
     assert report.page_call_ms(runs[0]) == (None, None) and report.page_call_ms(runs[3]) == (None, None)
+    assert report.page_call_ms(dict(runs[1], step_page_ops=ops(7))) == (pytest.approx(7.0), None)  # no warm step
     rows = {r["allocator"]: r for r in report.summarize(runs, ["m"], ["default", "vramkit"])}
     assert rows["vramkit"]["page_calls_cold_ms"] == pytest.approx(50.0)
     assert rows["vramkit"]["page_calls_warm_ms"] == pytest.approx(1.5)

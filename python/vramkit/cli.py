@@ -105,8 +105,7 @@ def cmd_info(args) -> int:
 
 def cmd_replay(args) -> int:
     capacity = _parse_capacity(args.capacity)
-    if args.passes < 1 or args.passes > 1000:
-        raise CliError(f"--passes must be between 1 and 1000, not {args.passes}")
+    _check_passes(args)
     specs = args.allocator or _default_allocators()
     traces = args.trace or [None]
     all_results = []
@@ -124,6 +123,11 @@ def cmd_replay(args) -> int:
     return 0
 
 
+def _check_passes(args) -> None:
+    if args.passes < 1 or args.passes > 1000:
+        raise CliError(f"--passes must be between 1 and 1000, not {args.passes}")
+
+
 def _same_file(a: str, b: str) -> bool:
     try:
         return os.path.samefile(a, b)
@@ -134,8 +138,7 @@ def _same_file(a: str, b: str) -> bool:
 def cmd_report(args) -> int:
     from . import _vramkit
     from .report import render_report
-    if args.passes < 1 or args.passes > 1000:
-        raise CliError(f"--passes must be between 1 and 1000, not {args.passes}")
+    _check_passes(args)
     for name, given in (("trace", args.trace), ("--recording", args.recording)):
         if given and _same_file(given, args.output):
             raise CliError(f"-o {args.output} is the {name} being read; write the report elsewhere")

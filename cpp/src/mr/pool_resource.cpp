@@ -209,6 +209,7 @@ pool_resource::pool_resource(std::shared_ptr<page_device> pages, std::shared_ptr
   impl_->pages = std::move(pages);
   impl_->streams = streams ? std::move(streams) : std::make_shared<host_stream_ops>();
   impl_->opt = options;
+  impl_->calls0 = impl_->pages->call_times();  // a device may serve pools before this one
   impl_->init_paged();
 }
 
@@ -253,11 +254,11 @@ pool_counters pool_resource::counters() const {
     c = impl_->ctr;
   }
   if (impl_->pages) {
-    const page_call_times t = impl_->pages->call_times();
-    c.page_create_ns = t.create_ns;
-    c.page_map_ns = t.map_ns;
-    c.page_unmap_ns = t.unmap_ns;
-    c.page_destroy_ns = t.destroy_ns;
+    const page_call_times t = impl_->pages->call_times(), &t0 = impl_->calls0;
+    c.page_create_ns = t.create_ns - t0.create_ns;
+    c.page_map_ns = t.map_ns - t0.map_ns;
+    c.page_unmap_ns = t.unmap_ns - t0.unmap_ns;
+    c.page_destroy_ns = t.destroy_ns - t0.destroy_ns;
   }
   return c;
 }

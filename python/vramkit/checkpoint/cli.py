@@ -40,9 +40,8 @@ def cmd_checkpoint_plan(args) -> int:
         raise CliError(f"no such chain file: {args.chain}") from None
     except IsADirectoryError:
         raise CliError(f"{args.chain} is a directory, not a chain file") from None
-    except (ValueError, TypeError) as e:
-        msg = str(e)
-        raise CliError(msg if msg.startswith(args.chain) else f"{args.chain}: {msg}") from None
+    except (ValueError, TypeError) as e:  # Chain.load names the file
+        raise CliError(str(e)) from None
     if args.sweep < 1 or args.sweep > 100:
         raise CliError(f"--sweep must be between 1 and 100, not {args.sweep}")
     if args.max_segment is not None and args.max_segment < 1:

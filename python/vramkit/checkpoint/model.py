@@ -67,7 +67,7 @@ def _size(field: str, x, negative_ok: bool) -> int:
     if v < 0 and not negative_ok:
         raise ValueError(f"chain field {field!r} holds a negative size ({v})")
     if abs(v) > _SIZE_LIMIT:
-        raise ValueError(f"chain field {field!r} holds {v} bytes, more than 2^62")
+        raise ValueError(f"chain field {field!r} holds {v} bytes, beyond 2^62 in magnitude")
     return v
 
 
@@ -133,13 +133,13 @@ class Chain:
         for t in self.time:
             if isinstance(t, bool) or not isinstance(t, (int, float)):
                 raise ValueError(f"chain field 'time' holds {t!r}, not a number of seconds")
+            if not math.isfinite(t) or t < 0:
+                raise ValueError(f"chain field 'time' holds {t!r}: block times must be finite and not negative")
         self.time = [float(t) for t in self.time]
-        if any(t < 0 or not math.isfinite(t) for t in self.time):
-            raise ValueError("block times must be finite and not negative")
         self.base = _size("base", self.base, False)
         self.head = _size("head", self.head, True)
         self.fixed_peak = _size("fixed_peak", self.fixed_peak, False)
-        self.ckpt_extra = _size("ckpt_extra", self.ckpt_extra or 0, False)
+        self.ckpt_extra = _size("ckpt_extra", 0 if self.ckpt_extra is None else self.ckpt_extra, False)
 
     def __len__(self):
         return len(self.act)
@@ -170,7 +170,10 @@ class Chain:
                 raise ValueError(f"{path} is not a chain JSON file: not UTF-8 text ({e.reason})") from None
         if not isinstance(d, dict) or "act" not in d:
             raise ValueError(f"{path} is not a chain JSON file (no 'act' field)")
-        return cls.from_dict(d)
+        try:
+            return cls.from_dict(d)
+        except (ValueError, TypeError) as e:
+            raise ValueError(f"{path}: {e}") from None
 
 
 @dataclass

@@ -470,7 +470,7 @@ def snapshot_to_trace(snapshot: Any, *, name: str = "snapshot", device: int | No
     if not isinstance(segments, list):
         raise ValueError(f"{file}: 'segments' is not a list")
     if device is not None and (isinstance(device, bool) or not isinstance(device, int) or device < 0):
-        raise ValueError(f"device must be a device number (an int >= 0), not {device!r}")
+        raise ValueError(f"{file}: device must be a device number (an int >= 0), not {device!r}")
 
     def has_allocs(t: list[Any]) -> bool:
         return any(isinstance(e, dict) and e.get("action") == _TORCH_ALLOC for e in t)

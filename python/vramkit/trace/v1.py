@@ -502,7 +502,8 @@ class TraceWriter(PublishOnExit):
         ops = trace.ops
         allocs = ops[:, 0] == ALLOC
         if self._live:
-            clash = np.intersect1d(ops[allocs, 1], np.fromiter(self._live, dtype=np.int64, count=len(self._live)))
+            clash = np.intersect1d(ops[allocs, 1].astype(np.uint64),  # ids up to 2**64 - 1 here
+                                   np.fromiter(self._live, dtype=np.uint64, count=len(self._live)))
             if clash.size:
                 raise ValueError(f"alloc of id {int(clash[0])} that is still live (written before this trace)")
         freed = np.zeros(int(ops[:, 1].max()) + 1 if len(ops) else 0, dtype=bool)

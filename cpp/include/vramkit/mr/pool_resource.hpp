@@ -36,9 +36,10 @@ struct pool_counters {
   std::size_t pages_taken_early = 0; // remap_own: pages moved from the requester's own free blocks before its
                                      // stream's work was known done (in pages_remapped)
   std::size_t early_waits = 0;       // remap_own: waits for the GPU before an old address of such a page was unmapped
-  // Wall time inside the page device's calls (its page_call_times), ns, on
-  // every thread: creating pages and chunks, mapping (with access rights),
-  // unmapping, destroying. Zeros over a non-paged upstream.
+  // Wall time inside the page device's calls (its page_call_times) since the
+  // pool began, ns, on every thread (map_ahead's helper too): creating pages
+  // and chunks, mapping (with access rights), unmapping, destroying. Zeros
+  // over a non-paged upstream. (Another pool on the same device adds its own.)
   std::uint64_t page_create_ns = 0, page_map_ns = 0, page_unmap_ns = 0, page_destroy_ns = 0;
 };
 
@@ -98,8 +99,8 @@ class pool_resource final : public device_resource {
     std::size_t spare = 0;
     std::size_t ahead = 0;  // map_ahead: pages made ahead, and the batch being made
     std::size_t in_chunks = 0;  // chunk_size: mapped pages that belong to chunks
-    // chunk_size: pages of chunks that a live block partly holds, in no live
-    // block themselves (reusable where they are; they cannot move)
+    // chunk_size: pages of chunks that a live (or pending) block partly
+    // holds, in no such block themselves (reusable where they are; they cannot move)
     std::size_t chunk_free_held = 0;
   };
   page_usage usage() const;

@@ -46,6 +46,7 @@ using detail::round_up;
 struct pool_resource::impl {
   // ---- configuration (set at construction) -------------------------------
   std::shared_ptr<page_device> pages;          // paged pools
+  page_call_times calls0;                      // the device's page-call times when the pool began
   std::shared_ptr<device_resource> upstream;   // segmented pools
   std::shared_ptr<stream_ops> streams;
   pool_options opt;

@@ -16,6 +16,10 @@ void pool_resource::impl::process_pending(bool wait) {
     for (std::size_t k = 0; k < b->events.size(); ++k) {
       event_id& e = b->events[k];
       if (!e) {  // not recorded at the free: now, or (not waiting) at a later look
+        if (streams->capturing(b->extra_streams[k])) {  // an event there would join the graph
+          ready = false;
+          break;
+        }
         try {
           e = streams->record(b->extra_streams[k]);
         } catch (...) {
