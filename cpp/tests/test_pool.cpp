@@ -409,10 +409,15 @@ TEST(pool, a_free_whose_event_cannot_be_recorded_stays_pending_until_one_is) {
   {
     pool_resource pool(dev, ev);
     const stream_t a = 0x10, b = 0x20;
-    void* r = pool.allocate(2 * MiB, a);
-    pool.record_stream(r, b);
-    ev->record_failures = 2;  // at the free, and at the next look
-    EXPECT_NO_THROW(pool.deallocate_checked(r, 0, a));
+    // A block of stream a used on b too, freed on a with the next `failures` records failing.
+    auto free_used_on_b = [&](std::size_t bytes, int failures) {
+      void* p = pool.allocate(bytes, a);
+      pool.record_stream(p, b);
+      ev->record_failures = failures;
+      EXPECT_NO_THROW(pool.deallocate_checked(p, 0, a));
+      return p;
+    };
+    void* r = free_used_on_b(2 * MiB, 2);  // failing at the free, and at the next look
     EXPECT_EQ(pool.state().pending_free_bytes, 2 * MiB);
     pool.check_invariants();
     void* r2 = pool.allocate(2 * MiB, a);  // looks at the pending free: the record fails again
@@ -435,10 +440,7 @@ TEST(pool, a_free_whose_event_cannot_be_recorded_stays_pending_until_one_is) {
     // A free pending when release_cached waits, its record failing there:
     // the error reaches the caller, and the free stays pending, whole.
     ev->complete = false;
-    void* s1 = pool.allocate(4 * MiB, a);
-    pool.record_stream(s1, b);
-    ev->record_failures = 2;
-    pool.deallocate_checked(s1, 0, a);
+    free_used_on_b(4 * MiB, 2);
     EXPECT_THROW(pool.release_cached(), cuda_error);
     EXPECT_EQ(pool.state().pending_free_bytes, 4 * MiB);
     pool.check_invariants();
@@ -449,10 +451,7 @@ TEST(pool, a_free_whose_event_cannot_be_recorded_stays_pending_until_one_is) {
     // While the other stream is being captured, a later look does not record its event (it would
     // join the graph): the free stays pending until the capture ends.
     ev->complete = true;
-    void* c1 = pool.allocate(2 * MiB, a);
-    pool.record_stream(c1, b);
-    ev->record_failures = 1;
-    pool.deallocate_checked(c1, 0, a);
+    void* c1 = free_used_on_b(2 * MiB, 1);
     ev->capturing_b = true;
     const int rec0 = ev->recorded;
     void* c2 = pool.allocate(2 * MiB, a);
@@ -466,10 +465,7 @@ TEST(pool, a_free_whose_event_cannot_be_recorded_stays_pending_until_one_is) {
     pool.deallocate_checked(c2, 0, a);
     pool.deallocate_checked(c3, 0, a);
     // A pending free whose event was never recorded, left at the pool's end.
-    void* t = pool.allocate(2 * MiB, a);
-    pool.record_stream(t, b);
-    ev->record_failures = 1;
-    pool.deallocate_checked(t, 0, a);
+    free_used_on_b(2 * MiB, 1);
   }
   EXPECT_EQ(ev->released, ev->recorded) << "events recorded and never released";
   EXPECT_EQ(dev->created_bytes(), 0u);
