@@ -641,6 +641,87 @@ TEST(pool, remap_own_slack_grows_first_up_to_its_bound) {
   }
 }
 
+// remap_own_churn: a repeating step whose requests keep finding their places
+// taken moves pages at every step under remap_own. With a churn limit the
+// pool notices and allows itself more growth before taking its own stream's
+// frees early, step by step, until few pages move; it still holds less than
+// the pool without remap_own, which moves none.
+TEST(pool, remap_own_churn_stops_moving_the_same_memory_back_and_forth) {
+  std::size_t plain_reserved = 0, churning_late = 0;  // without remap_own; without the limit
+  for (double churn : {-1.0, 0.0, 0.5}) {
+    SCOPED_TRACE(churn);
+    auto ev = std::make_shared<ordered_events>();
+    pool_options o;
+    o.chunk_size = 0;
+    o.remap_own = churn >= 0;
+    if (churn < 0) churn = 0;
+    o.remap_own_churn = churn;
+    pool_resource pool(std::make_shared<host_page_device>(64 * GiB), ev, o);
+    const stream_t s = 0x10;
+    // A training-like step: the same requests every step, sizes from 1 to
+    // 96 MiB, freed in another order than made, a few living on into the
+    // next step. With the GPU never done unless waited for, remap_own takes
+    // pages from the stream's own frees at every step.
+    std::mt19937_64 rng(7);
+    struct op { bool alloc; int id; std::size_t size; };
+    std::vector<op> step_ops;
+    {
+      std::vector<int> live_ids;
+      const int n = 48;
+      std::vector<std::size_t> size(n);
+      for (int i = 0; i < n; ++i) size[i] = (1 + rng() % 96) * MiB + (rng() % 4) * 256 * 1024;
+      for (int i = 0; i < n; ++i) {
+        step_ops.push_back({true, i, size[i]});
+        live_ids.push_back(i);
+        if (live_ids.size() > 12 || (rng() % 3 == 0 && live_ids.size() > 2)) {
+          std::size_t j = rng() % live_ids.size();
+          step_ops.push_back({false, live_ids[j], 0});
+          live_ids.erase(live_ids.begin() + static_cast<std::ptrdiff_t>(j));
+        }
+      }
+      for (std::size_t j = 0; j + 3 < live_ids.size(); ++j) step_ops.push_back({false, live_ids[j], 0});
+    }
+    std::vector<void*> ptr(48, nullptr);
+    std::vector<std::size_t> moved;  // pages moved by each step
+    for (int step = 0; step < 30; ++step) {
+      const std::size_t m0 = pool.counters().pages_remapped;
+      for (const op& x : step_ops) {
+        if (x.alloc) {
+          if (ptr[x.id]) pool.deallocate_checked(ptr[x.id], 0, s);  // lived on from the step before
+          ptr[x.id] = pool.allocate(x.size, s);
+        } else if (ptr[x.id]) {
+          pool.deallocate_checked(ptr[x.id], 0, s);
+          ptr[x.id] = nullptr;
+        }
+      }
+      moved.push_back(pool.counters().pages_remapped - m0);
+      pool.check_invariants();
+    }
+    const pool_counters k = pool.counters();
+    std::size_t late = 0;  // pages moved in the last ten steps
+    for (int i = 20; i < 30; ++i) late += moved[i];
+    if (!o.remap_own) {
+      plain_reserved = pool.state().reserved_bytes;
+    } else if (churn == 0.0) {
+      EXPECT_EQ(k.churn_raises, 0u);
+      EXPECT_GT(late, 500u) << "the steps do not churn: the test shows nothing";
+      churning_late = late;
+      EXPECT_GT(k.pages_taken_early, 0u);
+      EXPECT_LT(pool.state().reserved_bytes, plain_reserved);
+    } else {
+      EXPECT_GE(k.churn_raises, 2u);
+      EXPECT_LT(late * 5, churning_late) << "the limit did not cut the pages moved at every step";
+      EXPECT_LE(pool.state().reserved_bytes, plain_reserved) << "grew past what the pool without remap_own holds";
+    }
+    ev->completed = ev->recorded;
+    for (void* p : ptr)
+      if (p) pool.deallocate_checked(p, 0, s);
+    pool.check_invariants();
+    pool.release_cached();
+    EXPECT_EQ(pool.state().reserved_bytes, 0u);
+  }
+}
+
 // remap_own: once a reclaim event of the stream has shown the old blocks'
 // work done, a block of another stream placed over their old addresses does
 // not wait for the later, unrelated work that the early mark's event covers.
