@@ -86,8 +86,6 @@ void pool_options::validate() const {
                            "its old mapping until that work completes");
   if (!(remap_own_slack >= 0 && remap_own_slack <= 100))
     throw invalid_argument("remap_own_slack " + format_fixed(remap_own_slack, 4) + " must be between 0 and 100");
-  if (!(remap_own_churn >= 0 && remap_own_churn <= 1e6))
-    throw invalid_argument("remap_own_churn " + format_fixed(remap_own_churn, 4) + " must be between 0 and 1000000");
   if (!(va_factor >= 1 && va_factor <= 64))
     throw invalid_argument("va_factor " + format_fixed(va_factor, 2) + " must be between 1 and 64");
 }
@@ -138,12 +136,11 @@ void pool_options::parse(const std::string& conf) {
       } else if (k == "keep_mappings") o.keep_mappings = parse_bool(k, v);
       else if (k == "remap_own") o.remap_own = parse_bool(k, v);
       else if (k == "remap_own_slack") o.remap_own_slack = parse_real(k, v);
-      else if (k == "remap_own_churn") o.remap_own_churn = parse_real(k, v);
       else
         throw invalid_argument("unknown key '" + k +
                                "' (known: alignment, page_size, small_threshold, small_segment, large_rounding, "
                                "reserve_limit, release_threshold, growth_slack, remap, wait_to_remap, keep_mappings, remap_own, "
-                               "remap_own_slack, remap_own_churn, "
+                               "remap_own_slack, "
                                "map_ahead, chunk_size, growth_chunks, va_factor)");
     } catch (const invalid_argument& e) {
       const std::string m = e.what();  // a size's own message names the value, not the option
@@ -179,7 +176,6 @@ std::string pool_options::to_string() const {
   s += ",growth_slack:" + format_fixed(growth_slack, 4) + ",remap:" + (remap ? "true" : "false") +
        ",wait_to_remap:" + (wait_to_remap ? "true" : "false") + ",keep_mappings:" + (keep_mappings ? "true" : "false") +
        ",remap_own:" + (remap_own ? "true" : "false") + ",remap_own_slack:" + format_fixed(remap_own_slack, 4) +
-       ",remap_own_churn:" + format_fixed(remap_own_churn, 4) +
        ",map_ahead:" + to_string(map_ahead) + ",chunk_size:" + to_string(chunk_size) +
        ",growth_chunks:" + (growth_chunks ? "true" : "false") + ",va_factor:" + format_fixed(va_factor, 2);
   return s;

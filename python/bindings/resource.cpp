@@ -125,7 +125,6 @@ void bind_resource(nb::module_& m) {
             d["growth_chunks"] = c.growth_chunks;
             d["pages_taken_early"] = c.pages_taken_early;
             d["early_waits"] = c.early_waits;
-            d["churn_raises"] = c.churn_raises;
             d["page_create_ns"] = c.page_create_ns;
             d["page_map_ns"] = c.page_map_ns;
             d["page_unmap_ns"] = c.page_unmap_ns;

@@ -52,13 +52,6 @@ struct pool_options {
   // (no effect at or below growth_slack). A larger value moves fewer pages
   // when the GPU runs behind, for memory up to that bound.
   double remap_own_slack = 0.0;
-  // With remap_own: when the pool has moved more pages since the live peak
-  // last rose than remap_own_churn x the pages it holds, taking the own
-  // stream's frees early has turned into moving the same memory back and
-  // forth at every step. Each time, the growth allowed before the own
-  // stream's frees are taken early (remap_own_slack) rises by 0.04 x the
-  // live peak, until the steps stop moving pages (0: never).
-  double remap_own_churn = 0.0;
   // While the pool grows, a helper thread keeps new pages created and mapped
   // just past the large arena's highest page in use, so that the next blocks find
   // their pages ready and the driver's calls run off the allocating thread:

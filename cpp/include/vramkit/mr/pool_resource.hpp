@@ -36,7 +36,6 @@ struct pool_counters {
   std::size_t pages_taken_early = 0; // remap_own: pages moved from the requester's own free blocks before its
                                      // stream's work was known done (in pages_remapped)
   std::size_t early_waits = 0;       // remap_own: waits for the GPU before an old address of such a page was unmapped
-  std::size_t churn_raises = 0;      // remap_own_churn: times the growth allowed before taking own frees early grew
   // Wall time inside the page device's calls (its page_call_times) since the
   // pool began, ns, on every thread (map_ahead's helper too): creating pages
   // and chunks, mapping (with access rights), unmapping, destroying. Zeros

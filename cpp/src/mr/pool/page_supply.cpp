@@ -28,24 +28,6 @@ bool pool_resource::impl::may_grow_by(std::size_t bytes, std::size_t counted, st
          (1.0 + slack) * static_cast<double>(std::max(need_live, peak_live));
 }
 
-// remap_own_churn: counts pages moved (or chunks given back to make pages)
-// since the live peak last rose or the allowance last grew; past the limit,
-// the allowance for growth before the own stream's frees are taken early
-// grows by a step.
-void pool_resource::impl::count_moves(std::size_t pages) noexcept {
-  if (!opt.remap_own || opt.remap_own_churn <= 0) return;
-  if (peak_live != churn_peak) {
-    churn_peak = peak_live;
-    churn_moves = 0;
-  }
-  churn_moves += pages;
-  if (static_cast<double>(churn_moves) > opt.remap_own_churn * static_cast<double>(reserved / page)) {
-    churn_slack = std::max(churn_slack, opt.remap_own_slack) + churn_step;
-    churn_moves = 0;
-    ++ctr.churn_raises;
-  }
-}
-
 // A new physical page from the device (0 when it has none left), counted.
 page_handle pool_resource::impl::create_page() {
   page_handle h = pages->create();
@@ -140,7 +122,6 @@ std::size_t pool_resource::impl::steal(std::uint32_t slot, std::size_t want, std
   if (a->in_chunk(p)) {
     give_back_chunk(a, p / chunk * chunk);
     slots.pages_taken(b, chunk);
-    count_moves(chunk);
     return chunk;
   }
   std::size_t first = p;
@@ -170,7 +151,6 @@ std::size_t pool_resource::impl::steal(std::uint32_t slot, std::size_t want, std
     a->set_mapped(q, false);
   }
   ctr.pages_remapped += k;
-  count_moves(k);
   slots.pages_taken(b, k);
   return k;
 }
@@ -322,8 +302,8 @@ bool pool_resource::impl::acquire_some(std::size_t n, std::size_t need_live, std
       }
     }
     // remap_own: growth up to remap_own_slack before the own stream's frees.
-    if (opt.remap_own && own_slack() > opt.growth_slack && slot != 0 &&
-        may_grow_by(page, page, need_live, own_slack())) {
+    if (opt.remap_own && opt.remap_own_slack > opt.growth_slack && slot != 0 &&
+        may_grow_by(page, page, need_live, opt.remap_own_slack)) {
       if (page_handle h = create_page()) {
         out.push_back(h);
         continue;

@@ -97,14 +97,6 @@ struct pool_resource::impl {
   std::size_t peak_live = 0;
   std::size_t peak_reserved = 0;
   std::uint64_t free_seq = 0;  // orders frees against the events that cover them
-  // remap_own_churn: pages moved since the live peak was last at `churn_peak`
-  // (or since the allowance last grew), and the allowance for growth before
-  // the own stream's frees are taken early, raised by churn_step each time
-  // those moves pass the limit.
-  std::size_t churn_moves = 0, churn_peak = 0;
-  double churn_slack = 0;
-  static constexpr double churn_step = 0.04;
-  double own_slack() const noexcept { return std::max(opt.remap_own_slack, churn_slack); }
   memory_state st;  // counters only (oom_count, retries, upstream_*)
   pool_counters ctr;
 
@@ -132,7 +124,6 @@ struct pool_resource::impl {
     return may_grow_by(bytes, counted, need_live, opt.growth_slack);
   }
   page_handle create_page();
-  void count_moves(std::size_t pages) noexcept;
   std::size_t steal(std::uint32_t slot, std::size_t want, std::vector<page_handle>& out, std::uint32_t mark = 0);
   // edges: how many of the n pages back a block's edge pages (remap_own takes none of those early).
   bool acquire(std::size_t n, std::size_t need_live, std::uint32_t slot, std::vector<page_handle>& out,
