@@ -99,6 +99,7 @@ void pool_options::parse(const std::string& conf) {
     if (comma == std::string::npos) break;
     start = comma + 1;
   }
+  bool own_given = false;  // remap_own named in this string
   for (const std::string& item : items) {
     if (item.find_first_not_of(" \t") == std::string::npos) continue;
     auto colon = item.find(':');
@@ -134,7 +135,10 @@ void pool_options::parse(const std::string& conf) {
               "defer_unmap was removed: wait_to_remap:true gives as little "
               "memory at a smaller cost in time");
       } else if (k == "keep_mappings") o.keep_mappings = parse_bool(k, v);
-      else if (k == "remap_own") o.remap_own = parse_bool(k, v);
+      else if (k == "remap_own") {
+        o.remap_own = parse_bool(k, v);
+        own_given = true;
+      }
       else if (k == "remap_own_slack") o.remap_own_slack = parse_real(k, v);
       else
         throw invalid_argument("unknown key '" + k +
@@ -150,6 +154,9 @@ void pool_options::parse(const std::string& conf) {
       throw invalid_argument("bad value '" + v + "' for " + k);
     }
   }
+  // remap_own (on by default) rests on kept mappings: turning those off
+  // turns it off too, unless the same string asks for both.
+  if (!o.keep_mappings && !own_given) o.remap_own = false;
   o.validate();
   *this = o;
 }

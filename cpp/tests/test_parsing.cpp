@@ -87,7 +87,7 @@ TEST(Parsing, RemapOwnNeedsKeptMappings) {
   back.parse(o.to_string());  // what it prints parses back
   EXPECT_TRUE(back.remap_own);
   try {
-    o.parse("keep_mappings:false");
+    o.parse("remap_own:true,keep_mappings:false");
     FAIL() << "remap_own without keep_mappings was accepted";
   } catch (const invalid_argument& e) {
     EXPECT_NE(std::string(e.what()).find("keep_mappings"), std::string::npos) << e.what();
@@ -95,6 +95,14 @@ TEST(Parsing, RemapOwnNeedsKeptMappings) {
   EXPECT_TRUE(o.keep_mappings);  // nothing changed
   o.parse("remap_own:false,keep_mappings:false");
   EXPECT_FALSE(o.keep_mappings);
+  pool_options d;  // remap_own is on by default; keep_mappings:false alone turns it off
+  EXPECT_TRUE(d.remap_own);
+  d.parse("keep_mappings:false");
+  EXPECT_FALSE(d.remap_own);
+  EXPECT_FALSE(d.keep_mappings);
+  pool_options c;  // a C++ caller clearing keep_mappings alone is told why
+  c.keep_mappings = false;
+  EXPECT_THROW(c.validate(), invalid_argument);
   EXPECT_THROW(o.parse("remap_own:maybe"), invalid_argument);
   o.parse("remap_own_slack:0.08");
   EXPECT_DOUBLE_EQ(o.remap_own_slack, 0.08);

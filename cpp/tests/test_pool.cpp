@@ -248,6 +248,7 @@ TEST(pool, a_page_moved_back_where_it_is_still_mapped_costs_no_map_call) {
     auto rec = std::make_shared<mapping_recorder>(inner);
     pool_options o;
     o.keep_mappings = keep;
+    o.remap_own = keep;  // remap_own rests on kept mappings
     o.growth_slack = 0;
     o.reserve_limit = 2 * inner->granularity();  // two pages in all
     pool_resource pool(rec, nullptr, o);
@@ -497,6 +498,7 @@ TEST(pool, wait_to_remap_waits_for_the_stream_instead_of_growing) {
     auto dev = std::make_shared<host_page_device>(64 * GiB);
     pool_options o;
     o.wait_to_remap = wait;
+    o.remap_own = false;  // wait_to_remap alone
     pool_resource pool(dev, ev, o);
     const stream_t s = 0x10;
     std::vector<void*> v;
@@ -725,7 +727,9 @@ TEST(pool, page_supply_leaves_a_stream_being_captured_alone) {
 TEST(pool, progress_events_let_a_stream_behind_the_host_lend_its_finished_frees) {
   for (bool moving : {true, false}) {
     auto ev = std::make_shared<ordered_events>();
-    pool_resource pool(std::make_shared<host_page_device>(64 * GiB), ev);
+    pool_options o;
+    o.remap_own = false;  // progress events alone: remap_own would take the own frees anyway
+    pool_resource pool(std::make_shared<host_page_device>(64 * GiB), ev, o);
     const stream_t s = 0x10;
     std::vector<void*> v;
     for (int i = 0; i < 160; ++i) v.push_back(pool.allocate(4 * MiB, s));

@@ -46,12 +46,12 @@ struct pool_options {
   // and the pool waits for that event only if it must unmap one sooner. When
   // the GPU runs behind the host, the pool then moves pages as it would with
   // the GPU in step, instead of growing.
-  bool remap_own = false;
+  bool remap_own = true;
   // With remap_own: before taking its own stream's frees early, the pool
   // grows while reserved stays within (1 + remap_own_slack) x the live peak
   // (no effect at or below growth_slack). A larger value moves fewer pages
   // when the GPU runs behind, for memory up to that bound.
-  double remap_own_slack = 0.0;
+  double remap_own_slack = 0.08;
   // While the pool grows, a helper thread keeps new pages created and mapped
   // just past the large arena's highest page in use, so that the next blocks find
   // their pages ready and the driver's calls run off the allocating thread:
