@@ -40,6 +40,11 @@ std::vector<factory> factories() {
                  o.remap = false;
                  return std::make_shared<pool_resource>(host_dev(), nullptr, o);
                }});
+  f.push_back({"pool_host_no_remap_own", false, [] {  // the pool before remap_own was the default
+                 pool_options o;
+                 o.remap_own = false;
+                 return std::make_shared<pool_resource>(host_dev(), nullptr, o);
+               }});
   f.push_back({"pool_host_map_ahead", false, [] {
                  pool_options o;
                  o.map_ahead = std::size_t{64} << 20;
@@ -88,9 +93,10 @@ std::vector<factory> factories() {
                  o.growth_chunks = true;
                  return std::make_shared<pool_resource>(cuda::make_vmm_device(0), cuda::make_stream_ops(0), o);
                }});
-  f.push_back({"pool_vmm_remap_own", true, [] {
+  f.push_back({"pool_vmm_remap_own", true, [] {  // own frees taken early at once (no allowance)
                  pool_options o;
                  o.remap_own = true;
+                 o.remap_own_slack = 0;
                  return std::make_shared<pool_resource>(cuda::make_vmm_device(0), cuda::make_stream_ops(0), o);
                }});
   f.push_back({"pool_vmm_chunks_map_ahead", true, [] {
