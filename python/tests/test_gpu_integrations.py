@@ -464,12 +464,13 @@ print(json.dumps(res))
 
 
 def test_remap_own_takes_the_streams_frees_while_the_gpu_is_behind():
-    """remap_own on the vmm device: with the GPU over a second behind, a request past the slack takes
-    the pages its stream freed at once (their queued reads still run on the old addresses, which stay
-    mapped), and blocks placed back there later do not disturb those reads. Every value is checked."""
+    """remap_own on the vmm device, with no growth allowance first (remap_own_slack:0): with the GPU
+    over a second behind, a request past the slack takes the pages its stream freed at once (their
+    queued reads still run on the old addresses, which stay mapped), and blocks placed back there
+    later do not disturb those reads. Every value is checked."""
     if not have("torch"):
         pytest.skip("needs torch (not installed)")
-    r = child(REMAP_OWN_CHILD, env={"VRAMKIT_ALLOC_CONF": "remap_own:true,chunk_size:0"})
+    r = child(REMAP_OWN_CHILD, env={"VRAMKIT_ALLOC_CONF": "remap_own:true,remap_own_slack:0,chunk_size:0"})
     assert "remap_own:true" in r["options"], show(r)
     if not r["busy_after_big"]:
         pytest.skip(f"the stream finished before the request past the slack: nothing was exercised\n{show(r)}")
