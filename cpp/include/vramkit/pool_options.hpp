@@ -45,12 +45,16 @@ struct pool_options {
   // (kept mappings) until an event recorded when they were taken completes,
   // and the pool waits for that event only if it must unmap one sooner. When
   // the GPU runs behind the host, the pool then moves pages as it would with
-  // the GPU in step, instead of growing.
+  // the GPU in step, instead of growing. (Parsing keep_mappings:false without
+  // naming remap_own turns it off.)
   bool remap_own = true;
   // With remap_own: before taking its own stream's frees early, the pool
   // grows while reserved stays within (1 + remap_own_slack) x the live peak
   // (no effect at or below growth_slack). A larger value moves fewer pages
-  // when the GPU runs behind, for memory up to that bound.
+  // when the GPU runs behind, for memory up to that bound. With 0.08, on an
+  // H200, seven real workloads moved no page in warm steps (0 makes GPT-2
+  // training move ~600 a step) and held less device memory than PyTorch's
+  // expandable segments on six, the same on the seventh.
   double remap_own_slack = 0.08;
   // While the pool grows, a helper thread keeps new pages created and mapped
   // just past the large arena's highest page in use, so that the next blocks find
