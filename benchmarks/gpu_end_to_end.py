@@ -427,6 +427,9 @@ def main(argv=None) -> int:
         print(f"  WARNING: {len(wrong)} 'expandable' run(s) show no expandable segment: the setting did not take")
     if nvml_note:
         print("  " + nvml_note)
+    verdict = report.targets_text(doc["summary"])
+    if verdict:  # spread figures in %, the others as ratios
+        print("\nthe suite's targets, workloads meeting each (not met: the figure):\n" + verdict)
     rows = {(r["workload"], r["allocator"]): r for r in doc["summary"]}
     shares = [(r["workload"], r["allocator"], r["in_chunks_pct"]) for r in doc["summary"]
               if r.get("in_chunks_pct") is not None]

@@ -179,6 +179,60 @@ def compare_checksums(runs: list[dict], workloads: list[str]) -> dict:
     return out
 
 
+# The suite's targets for a vramkit pool, each as (name, the row's figure, passes when).
+RESERVED_PER_ALLOCATED_GOAL = 1.03
+SPREAD_GOAL_PCT = 1.0
+
+
+def targets(rows: list[dict]) -> dict:
+    """For every allocator other than PyTorch's two, which workloads meet each of the suite's
+    targets: device memory (NVML peak) at or under the smaller of PyTorch default's and
+    expandable_segments', reserved at most 1.03x allocated, the warm step at or under 1.00x the
+    faster of the two, the first step no slower than PyTorch default's, and repeats within 1 % on
+    peak reserved. Returns {allocator: {target: {"met": [workloads], "not": [(workload, figure)]}}};
+    a workload without the figures (failed runs, no baseline) counts as not met, with None."""
+    by_key = {(r["workload"], r["allocator"]): r for r in rows}
+    out: dict = {}
+    for r in rows:
+        a, w = r["allocator"], r["workload"]
+        if a in BASELINES:
+            continue
+        d = by_key.get((w, "default"))
+        cold_vs_default = (r["cold_ms"] / d["cold_ms"] if r.get("runs") and r.get("cold_ms") and d
+                           and d.get("runs") and d.get("cold_ms") else None)
+        checks = {
+            "device memory <= PyTorch's smaller": (r.get("nvml_peak_vs_best"), lambda x: x <= 1.0),
+            f"reserved <= {RESERVED_PER_ALLOCATED_GOAL:.2f}x allocated":
+                (r.get("reserved_per_allocated"), lambda x: x <= RESERVED_PER_ALLOCATED_GOAL),
+            "warm step <= 1.00x PyTorch's faster": (r.get("warm_ms_vs_best"), lambda x: x <= 1.0),
+            "first step <= PyTorch default's": (cold_vs_default, lambda x: x <= 1.0),
+            f"repeats within {SPREAD_GOAL_PCT:.0f} % on peak reserved":
+                (r.get("spread_reserved_pct") if (r.get("runs") or 0) >= 2 else None,
+                 lambda x: x <= SPREAD_GOAL_PCT),
+        }
+        per = out.setdefault(a, {})
+        for name, (x, good) in checks.items():
+            t = per.setdefault(name, {"met": [], "not": []})
+            if x is not None and r.get("runs") and good(x):
+                t["met"].append(w)
+            else:
+                t["not"].append((w, x))
+    return out
+
+
+def targets_text(rows: list[dict]) -> str:
+    """targets() as lines: per allocator and target, how many workloads meet it and the others' figures."""
+    lines = []
+    for a, per in targets(rows).items():
+        lines.append(f"  {a}")
+        for name, t in per.items():
+            n = len(t["met"]) + len(t["not"])
+            unit = " %" if "%" in name else ""  # the spread is in %, the others are ratios
+            miss = ", ".join(f"{w} {'-' if x is None else f'{x:.3f}{unit}'}" for w, x in t["not"])
+            lines.append(f"    {name}: {len(t['met'])} of {n}" + (f" (not: {miss})" if miss else ""))
+    return "\n".join(lines)
+
+
 def _mib(x) -> str:
     return f"{x / MiB:,.0f}" if isinstance(x, (int, float)) else "-"
 

@@ -169,6 +169,37 @@ def test_summary_medians_ratios_and_spread():
     assert text.splitlines()[0].count("|") == text.splitlines()[-1].count("|")
 
 
+def test_targets_name_the_workloads_that_miss_each_one():
+    """The suite's targets per vramkit pool: device memory at or under PyTorch's smaller, reserved
+    at most 1.03x allocated, warm at or under the faster, first step no slower than PyTorch
+    default's, repeats within 1 %; a workload whose runs all failed misses every one."""
+    runs = []
+    for rep in range(2):
+        runs += [_run("a", "default", 10.0, 150, 200, rep=rep), _run("a", "expandable", 12.0, 120, 170, rep=rep),
+                 _run("b", "default", 10.0, 150, 200, rep=rep), _run("b", "expandable", 12.0, 120, 170, rep=rep)]
+    # a: meets everything (reserved 102 of 100 allocated, the same in both repeats)
+    runs += [_run("a", "vramkit", 9.0, 102, 160), _run("a", "vramkit", 9.0, 102, 160, rep=1)]
+    # b: more device memory, 1.10x allocated, slower warm and first step, repeats 1.8 % apart
+    runs += [_run("b", "vramkit", 11.0, 109, 175), _run("b", "vramkit", 11.0, 111, 175, rep=1)]
+    runs += [{"workload": "c", "allocator": "vramkit", "error": "boom"},
+             _run("c", "default", 10.0, 150, 200), _run("c", "expandable", 12.0, 120, 170)]
+    rows = report.summarize(runs, ["a", "b", "c"], ["default", "expandable", "vramkit"])
+    t = report.targets(rows)
+    assert list(t) == ["vramkit"]  # PyTorch's own allocators are the baselines, not judged
+    v = t["vramkit"]
+    assert len(v) == 5
+    for name, r in v.items():
+        assert r["met"] == ["a"], name
+        assert [w for w, _ in r["not"]] == ["b", "c"], name
+        assert r["not"][1][1] is None  # no runs: no figure
+    assert dict(v["device memory <= PyTorch's smaller"]["not"])["b"] == pytest.approx(175 / 170)
+    assert dict(v["first step <= PyTorch default's"]["not"])["b"] == pytest.approx(1.1)
+    assert dict(v["repeats within 1 % on peak reserved"]["not"])["b"] == pytest.approx(100 * 2 / 110)
+    text = report.targets_text(rows)
+    assert "reserved <= 1.03x allocated: 1 of 3 (not: b 1.100, c -)" in text
+    assert "repeats within 1 % on peak reserved: 1 of 3 (not: b 1.818 %, c -)" in text
+
+
 def test_share_of_pages_in_chunks():
     runs = [_run("m", "default", 10.0, 150, 200), _run("m", "vramkit", 9.9, 110, 160),
             _run("m", "vramkit", 11.0, 132, 170, rep=1), _run("m", "vramkit", 10.0, 120, 165, rep=2)]
