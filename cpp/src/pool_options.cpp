@@ -113,18 +113,25 @@ void pool_options::parse(const std::string& conf) {
     };
     k = trim(k);
     v = trim(v);
+    auto size = [&] {  // a size's own message names the value; this names the option too
+      try {
+        return parse_size(v);
+      } catch (const invalid_argument& e) {
+        throw invalid_argument(k + ": " + e.what());
+      }
+    };
     try {
-      if (k == "alignment") o.alignment = parse_size(v);
-      else if (k == "page_size") o.page_size = parse_size(v);
-      else if (k == "small_threshold") o.small_threshold = parse_size(v);
-      else if (k == "small_segment") o.small_segment = parse_size(v);
-      else if (k == "large_rounding") o.large_rounding = parse_size(v);
-      else if (k == "reserve_limit") o.reserve_limit = parse_size(v);
-      else if (k == "release_threshold") o.release_threshold = v == "max" ? static_cast<std::size_t>(-1) : parse_size(v);
+      if (k == "alignment") o.alignment = size();
+      else if (k == "page_size") o.page_size = size();
+      else if (k == "small_threshold") o.small_threshold = size();
+      else if (k == "small_segment") o.small_segment = size();
+      else if (k == "large_rounding") o.large_rounding = size();
+      else if (k == "reserve_limit") o.reserve_limit = size();
+      else if (k == "release_threshold") o.release_threshold = v == "max" ? static_cast<std::size_t>(-1) : size();
       else if (k == "growth_slack") o.growth_slack = parse_real(k, v);
       else if (k == "va_factor") o.va_factor = parse_real(k, v);
-      else if (k == "map_ahead") o.map_ahead = parse_size(v);
-      else if (k == "chunk_size") o.chunk_size = parse_size(v);
+      else if (k == "map_ahead") o.map_ahead = size();
+      else if (k == "chunk_size") o.chunk_size = size();
       else if (k == "growth_chunks") o.growth_chunks = parse_bool(k, v);
       else if (k == "remap") o.remap = parse_bool(k, v);
       else if (k == "wait_to_remap") o.wait_to_remap = parse_bool(k, v);
@@ -146,9 +153,7 @@ void pool_options::parse(const std::string& conf) {
                                "reserve_limit, release_threshold, growth_slack, remap, wait_to_remap, keep_mappings, remap_own, "
                                "remap_own_slack, "
                                "map_ahead, chunk_size, growth_chunks, va_factor)");
-    } catch (const invalid_argument& e) {
-      const std::string m = e.what();  // a size's own message names the value, not the option
-      if (m.rfind("size '", 0) == 0 || m == "empty size") throw invalid_argument(k + ": " + m);
+    } catch (const invalid_argument&) {
       throw;
     } catch (const std::exception&) {
       throw invalid_argument("bad value '" + v + "' for " + k);

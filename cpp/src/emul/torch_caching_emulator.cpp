@@ -443,7 +443,7 @@ torch_caching_emulator::block* torch_caching_emulator::find_expandable_block(str
   sp->page = page;
   sp->max_pages = max_pages;
   sp->mapped.assign(sp->max_pages, false);
-  sp->base = round_up(next_addr_, sp->page);
+  sp->base = base;
   next_addr_ = sp->base + sp->bytes();
   block* c = new_block();
   c->stream = s;
