@@ -55,6 +55,9 @@ namespace {
 #ifndef VK_QUANT_ENC_CONTIG
 #define VK_QUANT_ENC_CONTIG 0  // 2, 4 or 8: table formats at their default block, that many consecutive vectors a thread (not yet run on a GPU)
 #endif
+#ifndef VK_QUANT_ENC_CONST_TABLES
+#define VK_QUANT_ENC_CONST_TABLES 0  // 1: the encoders' tables made at compile time, copied by each thread block (not yet run on a GPU)
+#endif
 #ifndef VK_QUANT_ENC_TILES_16BIT
 #define VK_QUANT_ENC_TILES_16BIT 1
 #endif
@@ -181,29 +184,90 @@ __device__ __forceinline__ uint32_t enc_direct(const uint2* direct, float v) {
 }
 
 // DIRECT (4-bit formats): the 2048-entry direct table instead of the bucket table.
-template <int F, bool DIRECT> struct shared_tables {
+template <int F, bool DIRECT> struct alignas(16) shared_tables {
   static constexpr int kBuckets = !is_table(F) ? 1 : DIRECT ? kDirectEntries : spec_of(F).buckets();
   uint2 bucket[kBuckets];
-  float thr[is_table(F) ? spec_of(F).slots : 1];
+  float thr[is_table(F) && !VK_QUANT_ENC_CONST_TABLES ? spec_of(F).slots : 1];  // only to build the buckets
 };
+
+// A table entry as the shared-memory tables keep it: {threshold bits, low code | high code << 16}.
+VKQ_HDC void table_entry(int format, bool direct, const float* thr, int b, uint32_t* out) {
+  uint32_t e[2] = {0, 0};
+  const table_spec s = spec_of(format);
+  if (direct) {
+    make_direct(format, s, thr, b, e);
+  } else {
+    bool ok = true;
+    make_bucket(format, s, thr, b, e, &ok);
+  }
+  out[0] = e[0];
+  out[1] = (e[1] & 0xffu) | ((e[1] >> 8) & 0xffu) << 16;
+}
+
+// The same tables made at compile time (VK_QUANT_ENC_CONST_TABLES): each thread block copies its
+// format's table into shared memory instead of computing it, as the decoders do with their values.
+template <int F, bool DIRECT> struct const_table {
+  static constexpr int kBuckets = shared_tables<F, DIRECT>::kBuckets;
+  static_assert(kBuckets % 2 == 0, "copied 16 bytes at a time");
+  alignas(16) uint32_t w[2 * kBuckets];
+};
+template <int F, bool DIRECT> constexpr const_table<F, DIRECT> make_const_table() {
+  constexpr table_spec s = spec_of(F);
+  float thr[s.slots] = {};
+  for (int k = 0; k < s.slots; ++k) thr[k] = k < s.values - 1 ? threshold(F, k) : u2f(0x7f800000u);
+  const_table<F, DIRECT> t{};
+  for (int b = 0; b < const_table<F, DIRECT>::kBuckets; ++b) table_entry(F, DIRECT, thr, b, t.w + 2 * b);
+  return t;
+}
+// Every bucket of a format's bucket table holds at most one threshold (else the one comparison
+// per element would not find the nearest value).
+template <int F> constexpr bool buckets_hold_one_threshold() {
+  constexpr table_spec s = spec_of(F);
+  float thr[s.slots] = {};
+  for (int k = 0; k < s.slots; ++k) thr[k] = k < s.values - 1 ? threshold(F, k) : u2f(0x7f800000u);
+  for (int b = 0; b < s.buckets(); ++b) {
+    uint32_t e[2] = {0, 0};
+    bool ok = true;
+    make_bucket(F, s, thr, b, e, &ok);
+    if (!ok) return false;
+  }
+  return true;
+}
+static_assert(buckets_hold_one_threshold<VK_QUANT_INT8_DYNAMIC>() && buckets_hold_one_threshold<VK_QUANT_NF4>() &&
+                  buckets_hold_one_threshold<VK_QUANT_FP4>(),
+              "a table_spec too coarse for its table");
+#if VK_QUANT_ENC_CONST_TABLES
+__device__ const const_table<VK_QUANT_INT8_DYNAMIC, false> kDynamicBuckets = make_const_table<VK_QUANT_INT8_DYNAMIC, false>();
+__device__ const const_table<VK_QUANT_NF4, false> kNf4Buckets = make_const_table<VK_QUANT_NF4, false>();
+__device__ const const_table<VK_QUANT_FP4, false> kFp4Buckets = make_const_table<VK_QUANT_FP4, false>();
+__device__ const const_table<VK_QUANT_NF4, true> kNf4Direct = make_const_table<VK_QUANT_NF4, true>();
+__device__ const const_table<VK_QUANT_FP4, true> kFp4Direct = make_const_table<VK_QUANT_FP4, true>();
+template <int F, bool DIRECT> __device__ __forceinline__ const uint32_t* const_table_of() {
+  if constexpr (F == VK_QUANT_INT8_DYNAMIC) return kDynamicBuckets.w;
+  else if constexpr (F == VK_QUANT_NF4) return DIRECT ? kNf4Direct.w : kNf4Buckets.w;
+  else return DIRECT ? kFp4Direct.w : kFp4Buckets.w;
+}
+#endif
 
 template <int F, bool DIRECT>
 __device__ void build_tables(shared_tables<F, DIRECT>& t) {
   if constexpr (is_table(F)) {
+    constexpr int kBuckets = shared_tables<F, DIRECT>::kBuckets;
+#if VK_QUANT_ENC_CONST_TABLES
+    const uint4* src = reinterpret_cast<const uint4*>(const_table_of<F, DIRECT>());
+    uint4* dst = reinterpret_cast<uint4*>(t.bucket);
+    for (int i = threadIdx.x; i < kBuckets / 2; i += blockDim.x) dst[i] = src[i];
+#else
     constexpr table_spec s = spec_of(F);
     for (int k = threadIdx.x; k < s.slots; k += blockDim.x)
       t.thr[k] = k < s.values - 1 ? threshold(F, k) : __uint_as_float(0x7f800000u);
     __syncthreads();
-    for (int b = threadIdx.x; b < shared_tables<F, DIRECT>::kBuckets; b += blockDim.x) {
+    for (int b = threadIdx.x; b < kBuckets; b += blockDim.x) {
       uint32_t e[2];
-      if constexpr (DIRECT) {
-        make_direct(F, s, t.thr, b, e);
-      } else {
-        bool ok;
-        make_bucket(F, s, t.thr, b, e, &ok);
-      }
-      t.bucket[b] = make_uint2(e[0], (e[1] & 0xffu) | ((e[1] >> 8) & 0xffu) << 16);
+      table_entry(F, DIRECT, t.thr, b, e);
+      t.bucket[b] = make_uint2(e[0], e[1]);
     }
+#endif
     __syncthreads();
   }
 }

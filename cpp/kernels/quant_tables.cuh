@@ -1,6 +1,6 @@
 // The code tables of the table formats (int8_dynamic, nf4, fp4), computed by the same
-// functions on the host (tests, vk_quant_table) and on the device (each thread block builds
-// its shared-memory copy), so both sides hold identical bits. python/vramkit/quant/_formats.py
+// functions on the host (tests, vk_quant_table), on the device (each thread block builds
+// its shared-memory copy) and at compile time (constexpr), so all hold identical bits. python/vramkit/quant/_formats.py
 // computes the same tables with the same double-precision steps; a test compares them.
 //
 // Encoding a normalized value v picks the nearest table value: the index is the number of
@@ -10,15 +10,12 @@
 // so one comparison finishes the search: code = v > bucket.thr ? bucket.hi : bucket.lo.
 #pragma once
 #include <cstdint>
-#include <cstring>
 
 #include "vramkit/quant.h"
 
 #if defined(__CUDACC__)
-#define VKQ_HD __host__ __device__ __forceinline__
 #define VKQ_HDC __host__ __device__ constexpr
 #else
-#define VKQ_HD inline
 #define VKQ_HDC constexpr
 #endif
 
@@ -44,24 +41,9 @@ VKQ_HDC table_spec spec_of(int format) {
 }
 constexpr int kMaxBuckets = 2 * ((20 << 6) + 2);  // the dynamic map's 2564
 
-VKQ_HD uint32_t f2u(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
-  uint32_t u;
-  std::memcpy(&u, &f, 4);
-  return u;
-#endif
-}
-VKQ_HD float u2f(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-#endif
-}
+// Bit casts usable in constant expressions (the encoders' tables are made at compile time too).
+VKQ_HDC uint32_t f2u(float f) { return __builtin_bit_cast(uint32_t, f); }
+VKQ_HDC float u2f(uint32_t u) { return __builtin_bit_cast(float, u); }
 
 // Positive half of the signed dynamic map, ascending: decade i (0..6) holds 2^i values, the
 // midpoints of 2^i equal steps over [0.1, 1] scaled by 10^(i-6).
@@ -130,7 +112,7 @@ VKQ_HDC float sorted_value(int format, int k) {
 }
 
 // The stored code of the k-th smallest value.
-VKQ_HD uint32_t code_of(int format, int k) {
+VKQ_HDC uint32_t code_of(int format, int k) {
   if (format != VK_QUANT_FP4) return static_cast<uint32_t>(k);
   return k < 7 ? 8u | static_cast<uint32_t>(7 - k) : static_cast<uint32_t>(k - 7);
 }
@@ -141,13 +123,13 @@ VKQ_HDC float decode_value(int format, uint32_t code) {
   return sorted_value(format, static_cast<int>(code));
 }
 
-VKQ_HD float threshold(int format, int k) {  // between sorted values k and k+1
+VKQ_HDC float threshold(int format, int k) {  // between sorted values k and k+1
   const double a = sorted_value(format, k), b = sorted_value(format, k + 1);
   return static_cast<float>((a + b) * 0.5);
 }
 
 // Number of thr[0 .. slots-2] strictly below v (thr sorted, padded with +inf).
-VKQ_HD int count_below(const float* thr, int slots, float v) {
+VKQ_HDC int count_below(const float* thr, int slots, float v) {
   int pos = 0;
   for (int step = slots >> 1; step > 0; step >>= 1)
     if (thr[pos + step - 1] < v) pos += step;
@@ -155,7 +137,7 @@ VKQ_HD int count_below(const float* thr, int slots, float v) {
 }
 
 // Bucket of a normalized value's bits: sign, then the magnitude's octave and top mantissa bits.
-VKQ_HD int bucket_of(const table_spec& s, uint32_t bits) {
+VKQ_HDC int bucket_of(const table_spec& s, uint32_t bits) {
   const int mag = static_cast<int>((bits & 0x7fffffffu) >> (23 - s.mbits)) - (s.e0 << s.mbits);
   const int top = s.octaves << s.mbits;
   const int t = (mag < -1 ? -1 : (mag > top ? top : mag)) + 1;
@@ -164,11 +146,11 @@ VKQ_HD int bucket_of(const table_spec& s, uint32_t bits) {
 
 // Entry b of the bucket table: {threshold bits, low code | high code << 8}; ok = false when
 // the bucket would hold more than one threshold (a table_spec too coarse for its table).
-VKQ_HD void make_bucket(int format, const table_spec& s, const float* thr, int b, uint32_t* out, bool* ok) {
+VKQ_HDC void make_bucket(int format, const table_spec& s, const float* thr, int b, uint32_t* out, bool* ok) {
   const int sign = b >= s.per_sign();
   const int t = b - sign * s.per_sign();
   const int top = s.octaves << s.mbits;
-  uint32_t lo_bits, hi_bits;  // magnitude range of the bucket, inclusive
+  uint32_t lo_bits = 0, hi_bits = 0;  // magnitude range of the bucket, inclusive
   if (t == 0) {
     lo_bits = 0;
     hi_bits = (static_cast<uint32_t>(s.e0) << 23) - 1;
@@ -194,7 +176,7 @@ VKQ_HD void make_bucket(int format, const table_spec& s, const float* thr, int b
 // most one threshold. Infinities and NaNs (exponent 255) get what +-inf gets: the last code for
 // +inf and +NaN, the first for -inf and -NaN.
 constexpr int kDirectEntries = 2048;
-VKQ_HD void make_direct(int format, const table_spec& s, const float* thr, int d, uint32_t* out) {
+VKQ_HDC void make_direct(int format, const table_spec& s, const float* thr, int d, uint32_t* out) {
   const int sign = d >> 10;
   uint32_t lo_bits = static_cast<uint32_t>(d & 1023) << 21, hi_bits = lo_bits + (1u << 21) - 1;
   if (lo_bits >= 0x7f800000u) lo_bits = hi_bits = 0x7f800000u;
