@@ -148,6 +148,18 @@ def test_many_references_to_one_event_are_refused(tmp_path):
     _one_line_error(_cli("leaks", str(p), "--max-import-events", "lots"), "--max-import-events")
 
 
+def test_every_command_that_reads_a_trace_takes_the_import_bounds(tmp_path):
+    # The refusal tells the user to raise the bound with the flag: each command that reads a trace
+    # must take it, and apply it.
+    csv = tmp_path / "rows.csv"
+    csv.write_text(CSV_HEAD + "".join(f"{i},alloc,{4096 * (i + 1)},16,0\n" for i in range(300)))
+    for cmd in ("replay", "report", "advise", "leaks"):
+        extra = ["-o", str(tmp_path / "r.html")] if cmd == "report" else []
+        out = _cli(cmd, str(csv), *extra, "--max-import-events", "100")
+        _one_line_error(out, f"vramkit {cmd}", "rows", "--max-import-events")
+    assert not (tmp_path / "r.html").exists()
+
+
 def test_limits_parse():
     assert limits.parse_count("4GiB", "x", True) == 4 << 30
     with pytest.raises(ValueError):

@@ -51,4 +51,6 @@ def add_advise_command(sub) -> None:
                         "(repeatable; default: a set of each)")
     s.add_argument("--json", action="store_true", help="print JSON instead of a table")
     s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    from ._cli_common import add_import_limit_args
+    add_import_limit_args(s)
     s.set_defaults(func=cmd_advise)
