@@ -145,7 +145,7 @@ void bind_resource(nb::module_& m) {
       .def("__repr__", [](const device_resource& r) { return "<vramkit.Resource " + r.name() + " on device " + std::to_string(r.device()) + ">"; });
 
   m.def("make_resource", [](const std::string& spec, nb::handle d) { return make_resource(spec, to_device(d)); },
-        "spec"_a, "device"_a = 0,
+        "spec"_a, "device"_a = nb::none(),
         "Builds an allocator from a spec: vramkit|pool[:upstream=U,key:value,...], host, vmm, cuda, cuda_async[:release_threshold=SIZE].");
   m.def("statistics_adaptor", [](std::shared_ptr<device_resource> r) -> std::shared_ptr<device_resource> {
     return std::make_shared<statistics_adaptor>(std::move(r));

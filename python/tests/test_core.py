@@ -78,6 +78,20 @@ def test_bad_sizes_devices_and_options():
     r.deallocate(p, 1000)
 
 
+def test_make_resource_serves_the_current_device_by_default():
+    # As set_current_resource: no device given means the current one, so the README's
+    # set_current_resource(make_resource(...)) works whichever device is current.
+    r = vramkit.make_resource("pool")
+    assert r.device == vramkit.get_current_resource().device
+    assert vramkit.make_resource("pool", None).device == r.device
+    old = vramkit.get_current_resource()
+    vramkit.set_current_resource(r)
+    try:
+        assert vramkit.get_current_resource().device == r.device
+    finally:
+        vramkit.set_current_resource(old)
+
+
 def test_resource_double_free_and_foreign_pointer_change_nothing():
     r = vramkit.make_resource("vramkit")
     p = r.allocate(1000)

@@ -88,9 +88,10 @@ def set_current_resource(resource: Resource, device=None) -> None:
     _vramkit.set_current_resource(resource, device)
 
 
-def make_resource(spec: str = "vramkit", device: int = 0) -> Resource:
+def make_resource(spec: str = "vramkit", device=None) -> Resource:
     """Build an allocator from a spec such as ``"vramkit"``, ``"pool:growth_slack:0.05"``,
-    ``"pool:upstream=cuda"``, ``"host"``, ``"vmm"``, ``"cuda"``, ``"cuda_async"``."""
+    ``"pool:upstream=cuda"``, ``"host"``, ``"vmm"``, ``"cuda"``, ``"cuda_async"``, for ``device``
+    (an index or a ``torch.device``; default: the current device, as ``set_current_resource``)."""
     return _vramkit.make_resource(spec, device)
 
 
@@ -131,7 +132,7 @@ def reset_peak_memory_stats(device=None) -> None:
 
 def memory_stats(device=None) -> dict:
     """A flat dict with ``torch.cuda.memory_stats()`` key names (``allocated_bytes.all.current``, ...)
-    plus vramkit's own (``fragmentation``, ``largest_free_bytes``, ``pages_remapped``, ...)."""
+    plus vramkit's own (``fragmentation``, ``largest_free_bytes``, ``pool.pages_remapped``, ...)."""
     r = _vramkit.current_resource(device)
     s = dict(_stats(device))
     st = r.state()
