@@ -197,8 +197,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     def common(s):
         s.add_argument("--allocator", action="append", metavar="NAME[:OPTIONS]",
-                       help="vramkit[:key:value,...], pool:upstream=cuda, host, vmm, cuda, cuda_async "
-                            "(repeatable; default: vramkit and the plain upstream)")
+                       help="vramkit[:key:value,...], pool:upstream=cuda, host, vmm, cuda, cuda_async, "
+                            "torch-default, torch-expandable, torch:OPTIONS (PyTorch's caching allocator, emulated) "
+                            "(repeatable; default: vramkit, the plain upstream (cuda and cuda_async on a GPU), "
+                            "torch-default and torch-expandable)")
         s.add_argument("--capacity", metavar="SIZE", help="device capacity for the replay, e.g. 16GiB")
         s.add_argument("--passes", type=int, default=3, help="1 cold + N-1 warm passes (default 3)")
         s.add_argument("--no-progress", action="store_true", help="no progress bar")

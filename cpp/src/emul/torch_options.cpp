@@ -162,7 +162,7 @@ torch_options torch_options::parse(const std::string& conf) {
       throw invalid_argument("unknown option '" + key +
                              "' (known: expandable_segments, max_split_size_mb, max_non_split_rounding_mb, "
                              "roundup_power2_divisions, garbage_collection_threshold, per_process_memory_fraction, "
-                             "backend, release_lock_on_cudamalloc, pinned_*)");
+                             "backend, release_lock_on_cudamalloc, release_lock_on_device_malloc, pinned_*)");
     }
     i = r.i;
     if (i + 1 < t.size() && t[i + 1] != ",")
