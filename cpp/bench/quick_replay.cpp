@@ -21,6 +21,7 @@
 // each event's lag drawn from [L/2, 3L/2] (seed S), as a GPU's pace varies.
 // VKSYNC=F,P: the host waits for the GPU before operation F and every P
 // operations after it (a training loop's synchronize at each step's end).
+// VKSTEP=F,P: mark_step before operation F and every P after it (plan_steps).
 // VKGROW=1: each growth of the last pass (VKGROWALL: of every pass), with
 // where the mapped pages lie (chunk pages a live block holds among them).
 struct lag_streams : vramkit::stream_ops {
@@ -171,6 +172,23 @@ int main(int argc, char** argv) {
       sync_first = std::strtoull(sy, &end, 10);
       if (*end == ',') sync_period = std::strtoull(end + 1, nullptr, 10);
     }
+    // VKSTEP=first,period: a step begins there (pool_resource::mark_step, for plan_steps), with a
+    // line per step: pages mapped and unmapped in the step, reserved at its end, plan counters.
+    std::size_t step_first = 0, step_period = 0, step_no = 0;
+    if (const char* sp = std::getenv("VKSTEP")) {
+      char* end = nullptr;
+      step_first = std::strtoull(sp, &end, 10);
+      if (*end == ',') step_period = std::strtoull(end + 1, nullptr, 10);
+    }
+    auto sc = pool.counters();
+    auto step_line = [&] {
+      auto c = pool.counters();
+      std::printf("step %zu: mapped %zu unmapped %zu reserved %zu MiB peak_reserved %zu MiB plan placed %zu missed %zu made %zu dropped %zu\n",
+                  step_no++, c.pages_mapped - sc.pages_mapped, c.pages_unmapped - sc.pages_unmapped,
+                  pool.state().reserved_bytes >> 20, pool.state().peak_reserved_bytes >> 20,
+                  c.plan_placed - sc.plan_placed, c.plan_missed - sc.plan_missed, c.plans_made, c.plans_dropped);
+      sc = c;
+    };
     for (int pass = 0; pass < passes; ++pass) {
       auto c0 = pool.counters();
       const std::size_t waits0 = lag->waits;
@@ -179,6 +197,13 @@ int main(int argc, char** argv) {
         if (sync_period) {  // VKSYNC=first,period: the host waits for the GPU there (a step's end)
           const std::size_t i = static_cast<std::size_t>(&t - ops.data());
           if (i >= sync_first && (i - sync_first) % sync_period == 0) lag->caught_up = lag->now;
+        }
+        if (step_period) {
+          const std::size_t i = static_cast<std::size_t>(&t - ops.data());
+          if (i >= step_first && (i - step_first) % step_period == 0) {
+            step_line();
+            pool.mark_step();
+          }
         }
         if (t.action == 0) {
           const bool show = grow_lines && (pass == passes - 1 || grow_all);

@@ -39,6 +39,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     gpu->lag = (data[0] >> 6) * 7;
     o.remap_own = (data[0] & 32) != 0;
   }
+  o.plan_steps = true;  // plans need marks (op 5) and repeating steps; without them nothing changes
   pool_resource pool(dev, gpu, o);
   struct live { std::uint8_t* p; std::size_t n; stream_t s; std::uint8_t tag; };
   std::vector<live> v;
@@ -73,8 +74,10 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     } else if (op == 4 && !v.empty()) {
       pool.record_stream(v[next(2) % v.size()].p, next(1) % 3);
     } else if (op == 5) {
-      if (next(1) % 2) pool.release_cached();
-      else try { pool.set_reserve_limit((next(1) % 64 + 1) << 24); } catch (const invalid_argument&) {}
+      const auto what = next(1) % 3;
+      if (what == 0) pool.release_cached();
+      else if (what == 1) try { pool.set_reserve_limit((next(1) % 64 + 1) << 24); } catch (const invalid_argument&) {}
+      else pool.mark_step();
     }
     pool.check_invariants();
   }

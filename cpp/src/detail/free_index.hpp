@@ -49,6 +49,7 @@ class block_pool {
     return b;
   }
   void recycle(block* b) noexcept {
+    b->ar = nullptr;  // a record no arena lists (step plans keep hints to blocks that may be recycled)
     b->extra_streams.clear();
     b->events.clear();
     b->next = free_;

@@ -36,6 +36,11 @@ struct pool_counters {
   std::size_t pages_taken_early = 0; // remap_own: pages moved from the requester's own free blocks before its
                                      // stream's work was known done (in pages_remapped)
   std::size_t early_waits = 0;       // remap_own: waits for the GPU before an old address of such a page was unmapped
+  std::size_t plans_made = 0;        // plan_steps: step plans laid out
+  std::size_t plans_dropped = 0;     // plan_steps: plans given up (a step missed more than 5 % of its bytes)
+  std::size_t plan_placed = 0;       // plan_steps: large requests placed at their planned address
+  std::size_t plan_missed = 0;       // plan_steps: large requests under a plan placed as usual instead
+  std::size_t plan_bytes = 0;        // plan_steps: address space of the plan in force (0: none)
   // Wall time inside the page device's calls (its page_call_times) since the
   // pool began, ns, on every thread (map_ahead's helper too): creating pages
   // and chunks, mapping (with access rights), unmapping, destroying. Zeros
@@ -91,6 +96,13 @@ class pool_resource final : public device_resource {
   std::vector<segment_info> segments() const;
   // Throws vramkit::error naming the first broken invariant (tests call it).
   void check_invariants() const;
+  // A step of the program begins (plan_steps; nothing otherwise). The first
+  // call begins a step that is not recorded (warming up), the second starts
+  // recording one, the third ends the recording (the recorded blocks' frees
+  // are still followed, and this step's requests compared with them), the
+  // fourth lays the plan out when the two steps matched; later calls judge
+  // the step that ended and keep the plan or drop it.
+  void mark_step();
   // Pages by use, per arena ([0] large, [1] small): for diagnosing fragmentation.
   struct page_usage {
     std::size_t mapped[2] = {0, 0};

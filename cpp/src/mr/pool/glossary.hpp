@@ -85,6 +85,15 @@
 //                chunk lying wholly inside a free block is given back instead
 //                (its room lets single pages be made), and trim gives chunks
 //                back the same way. `chunk_bits` marks its pages.
+//   step plan    (plan_steps) One recorded step's large requests laid out at
+//                fixed offsets (largest first, lowest free offset over each
+//                block's lifetime, the step a circle) in fresh address space
+//                past every page the large arena mapped. A later request, the
+//                n-th of its size in its step, goes to the n-th recorded one's
+//                place (`plan_place`) when every block there is free and its
+//                to take; else it is a miss, placed as usual.
+//   mark         mark_step(): a step of the program begins; the phases warming,
+//                recording, following and planned move on at each mark.
 //
 // Growth and release
 //   need live    The live bytes once the block being placed is handed out;

@@ -225,6 +225,15 @@ block* pool_resource::impl::try_place(std::size_t size, bool small, std::uint32_
     b = slots.find_fit(size, small, slot, false);
   }
   if (!b) return nullptr;
+  return place(b, at, size, slot);
+}
+
+// Places a block of `size` at `at` (0: at b's start) in free block b, or in
+// the run of free blocks around b the requester of `slot` may take when the
+// place reaches past b (carve_run), and maps the pages it lacks. Returns the
+// block, or nullptr with everything free again as it was when no pages could
+// be had.
+block* pool_resource::impl::place(block* b, std::uintptr_t at, std::size_t size, std::uint32_t slot) {
   const bool carved = at && (at < b->addr || at + size > b->addr + b->size);
   if (carved) {
     b = carve_run(b, at, size, slot);

@@ -28,6 +28,7 @@
 #include <memory>
 #include <mutex>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "../../detail/flat_map.hpp"
@@ -113,6 +114,7 @@ struct pool_resource::impl {
   block* best_hollow(std::size_t size, bool small, std::uint32_t slot, std::uintptr_t& at, std::size_t& best_cost);
   block* best_run(std::size_t size, bool small, std::uint32_t slot, std::uintptr_t& at, std::size_t best_cost);
   block* join(block* first, block* last);
+  block* place(block* b, std::uintptr_t at, std::size_t size, std::uint32_t slot);
   block* carve_run(block* b, std::uintptr_t at, std::size_t size, std::uint32_t slot);
   void uncarve(block* b, std::uint32_t slot);
 
@@ -208,6 +210,37 @@ struct pool_resource::impl {
   static constexpr std::uint64_t progress_every = 32;
   static constexpr std::uint64_t progress_query_every = 8;
   void record_stream(void* ptr, stream_t stream);
+
+  // ---- step plans (step_plan.cpp) ----------------------------------------
+  // plan_steps: one step's large requests recorded, laid out at fixed
+  // offsets, and later steps' requests placed there (see pool_options).
+  struct step_plan {
+    enum class phase : std::uint8_t { off, warming, recording, following, planned };
+    phase ph = phase::off;
+    std::uint64_t tick = 0;    // large requests and frees since the recorded step began
+    std::uint64_t length = 0;  // ticks of the recorded step
+    struct item {
+      std::size_t size = 0;
+      std::uint64_t t0 = 0, t1 = 0;  // requested, freed (0: not yet; past length: in the next step)
+      std::size_t off = 0;           // planned offset from base
+      bool planned = false;
+      block* hint = nullptr;  // the block last placed there (checked before use: it may be gone)
+    };
+    std::vector<item> items;
+    std::unordered_map<std::uintptr_t, std::uint32_t> open;             // recorded blocks not yet freed
+    std::unordered_map<std::size_t, std::vector<std::uint32_t>> by_size;  // planned items of a size, in request order
+    std::unordered_map<std::size_t, std::uint32_t> seen;                // this step's requests of each size
+    std::uintptr_t base = 0;
+    block* cursor = nullptr;  // the block last placed by the plan
+    std::size_t step_bytes = 0, missed_bytes = 0;
+  };
+  step_plan plan;
+  void mark_step();
+  void plan_record_start();
+  bool plan_build();
+  void plan_note_alloc(std::uintptr_t addr, std::size_t size);
+  void plan_note_free(std::uintptr_t addr);
+  block* plan_place(std::size_t size, std::uint32_t slot);
 
   // ---- release (release.cpp) ---------------------------------------------
   void destroy_spares();

@@ -1,0 +1,228 @@
+// Step plans (plan_steps): a program that repeats the same steps and marks
+// where each begins gets one step's large requests laid out once, at fixed
+// offsets in fresh address space, and every later request of the same size
+// and rank in its step placed at its planned address. Blocks then land on the
+// pages the same request had a step before: no page moves in steady steps,
+// and the layout, made knowing every block's lifetime, needs little more
+// than the step's peak of live bytes (benchmarks/layout_bound.py).
+//
+// Phases, one per mark_step():
+//   off -> warming: the first marked step is not recorded (lazy inits, first
+//                   calls of libraries)
+//   warming -> recording: each large request's size and tick (a count of
+//                   large requests and frees), and the tick of its free
+//   recording -> following: no more requests recorded; the recorded blocks'
+//                   frees are still followed into this step (blocks living
+//                   across the step boundary)
+//   following -> planned: when this step made the recorded step's requests
+//                   again (by size and count, 95 % of its bytes), plan_build
+//                   lays the recorded blocks out, the step
+//                   being a circle of `length` ticks; a block never freed by
+//                   now is left out (weights, optimizer state: they stay where
+//                   they are)
+//   planned: each step's misses are counted; more than 5 % of its bytes and
+//                   the plan is dropped (recording starts again)
+#include <algorithm>
+#include <vector>
+
+#include "pool_impl.hpp"
+
+namespace vramkit {
+
+void pool_resource::impl::mark_step() {
+  if (!opt.plan_steps || upstream) return;
+  auto& P = plan;
+  switch (P.ph) {
+    case step_plan::phase::off:
+      P.ph = step_plan::phase::warming;
+      break;
+    case step_plan::phase::warming:
+      plan_record_start();
+      break;
+    case step_plan::phase::recording:
+      P.length = P.tick;
+      P.ph = step_plan::phase::following;
+      break;
+    case step_plan::phase::following:
+      if (!plan_build()) plan_record_start();
+      break;
+    case step_plan::phase::planned:
+      if (P.missed_bytes * 20 > P.step_bytes) {
+        ++ctr.plans_dropped;
+        ctr.plan_bytes = 0;
+        plan_record_start();
+      } else {
+        P.seen.clear();
+        P.step_bytes = P.missed_bytes = 0;
+      }
+      break;
+  }
+}
+
+void pool_resource::impl::plan_record_start() {
+  auto& P = plan;
+  P.ph = step_plan::phase::recording;
+  P.tick = P.length = 0;
+  P.items.clear();
+  P.open.clear();
+  P.by_size.clear();
+  P.seen.clear();
+  P.cursor = nullptr;
+  P.step_bytes = P.missed_bytes = 0;
+}
+
+void pool_resource::impl::plan_note_alloc(std::uintptr_t addr, std::size_t size) {
+  auto& P = plan;
+  if (P.ph == step_plan::phase::recording) {
+    step_plan::item it;
+    it.size = size;
+    it.t0 = P.tick;
+    P.items.push_back(it);
+    P.open[addr] = static_cast<std::uint32_t>(P.items.size() - 1);
+  }
+  if (P.ph == step_plan::phase::following) {  // the next step's requests, to compare (plan_build)
+    ++P.seen[size];
+    P.step_bytes += size;
+  }
+  if (P.ph == step_plan::phase::recording || P.ph == step_plan::phase::following) ++P.tick;
+}
+
+void pool_resource::impl::plan_note_free(std::uintptr_t addr) {
+  auto& P = plan;
+  if (P.ph != step_plan::phase::recording && P.ph != step_plan::phase::following) return;
+  auto it = P.open.find(addr);
+  if (it != P.open.end()) {
+    P.items[it->second].t1 = P.tick;
+    P.open.erase(it);
+  }
+  ++P.tick;
+}
+
+// Lays the recorded blocks out: largest first (then earliest), each at the
+// lowest offset where it overlaps no block placed before it that is alive at
+// some same point of the step. A block freed in the next step lives over the
+// step's end into its beginning (the circle). Then the plan's address space:
+// fresh pages past every page the large arena ever mapped.
+bool pool_resource::impl::plan_build() {
+  auto& P = plan;
+  const std::uint64_t T = P.length;
+  // Only steps that repeat: the step after the recorded one must have made the
+  // same requests (by size and count) for at least 95 % of its bytes.
+  {
+    std::unordered_map<std::size_t, std::uint32_t> recorded;
+    for (const auto& it : P.items) ++recorded[it.size];
+    std::size_t same = 0;
+    for (auto [size, n] : P.seen) {
+      auto r = recorded.find(size);
+      if (r != recorded.end()) same += static_cast<std::size_t>(std::min(n, r->second)) * size;
+    }
+    if (P.step_bytes == 0 || same * 20 < P.step_bytes * 19) return false;
+  }
+  std::vector<std::uint32_t> order;
+  for (std::uint32_t k = 0; k < P.items.size(); ++k) {
+    auto& it = P.items[k];
+    // Kept out: never freed yet (long-lived), or living more than a step.
+    it.planned = it.t1 != 0 && (it.t1 <= T || it.t1 - T <= it.t0);
+    if (it.planned) order.push_back(k);
+  }
+  if (order.empty() || T == 0) return false;
+  std::sort(order.begin(), order.end(), [&](std::uint32_t x, std::uint32_t y) {
+    const auto &a = P.items[x], &b = P.items[y];
+    return a.size != b.size ? a.size > b.size : a.t0 < b.t0;
+  });
+  // An item's life as up to two intervals of [0, T).
+  auto overlap = [T](const step_plan::item& a, const step_plan::item& b) {
+    auto parts = [T](const step_plan::item& x, std::uint64_t (&lo)[2], std::uint64_t (&hi)[2]) {
+      lo[0] = x.t0;
+      hi[0] = std::min(x.t1, T);
+      if (x.t1 > T) {
+        lo[1] = 0;
+        hi[1] = x.t1 - T;
+        return 2;
+      }
+      return 1;
+    };
+    std::uint64_t al[2], ah[2], bl[2], bh[2];
+    const int na = parts(a, al, ah), nb = parts(b, bl, bh);
+    for (int i = 0; i < na; ++i)
+      for (int j = 0; j < nb; ++j)
+        if (al[i] < bh[j] && bl[j] < ah[i]) return true;
+    return false;
+  };
+  std::vector<std::uint32_t> placed;
+  std::vector<std::pair<std::size_t, std::size_t>> taken;  // [off, end) of the placed blocks alive with the next
+  std::size_t top = 0;
+  for (std::uint32_t k : order) {
+    auto& it = P.items[k];
+    taken.clear();
+    for (std::uint32_t j : placed)
+      if (overlap(it, P.items[j])) taken.emplace_back(P.items[j].off, P.items[j].off + P.items[j].size);
+    std::sort(taken.begin(), taken.end());
+    std::size_t at = 0;
+    for (auto [lo, hi] : taken) {
+      if (lo >= at + it.size) break;
+      at = std::max(at, hi);
+    }
+    it.off = at;
+    top = std::max(top, at + it.size);
+    placed.push_back(k);
+  }
+  detail::arena* a = arenas[1];
+  const std::size_t align = chunk ? chunk * page : page;
+  const std::size_t start = round_up(a->top * page, align);
+  if (start > a->size || a->size - start < top) return false;
+  P.base = a->base + start;
+  P.by_size.clear();
+  for (std::uint32_t k = 0; k < P.items.size(); ++k)
+    if (P.items[k].planned) P.by_size[P.items[k].size].push_back(k);
+  P.open.clear();
+  P.seen.clear();
+  P.cursor = nullptr;
+  P.step_bytes = P.missed_bytes = 0;
+  P.ph = step_plan::phase::planned;
+  ++ctr.plans_made;
+  ctr.plan_bytes = top;
+  return true;
+}
+
+// The request's planned place, when the plan has one for it and every block
+// there is free and the requester's to take; nullptr otherwise (a miss: the
+// request is placed as usual).
+block* pool_resource::impl::plan_place(std::size_t size, std::uint32_t slot) {
+  auto& P = plan;
+  P.step_bytes += size;
+  auto miss = [&]() -> block* {
+    ++ctr.plan_missed;
+    P.missed_bytes += size;
+    return nullptr;
+  };
+  auto list = P.by_size.find(size);
+  std::uint32_t& n = P.seen[size];
+  if (list == P.by_size.end() || n >= list->second.size()) {
+    ++n;
+    return miss();
+  }
+  auto& item = P.items[list->second[n++]];
+  detail::arena* a = arenas[1];
+  const std::uintptr_t at = P.base + item.off;
+  // The free block holding `at`: where the last block placed there went, else
+  // a walk (by address) from it or from the block the plan placed last.
+  auto holds = [&](const block* x) { return x && x->ar == a && x->addr <= at && at < x->addr + x->size; };
+  block* f = item.hint;
+  if (!holds(f)) {
+    f = f && f->ar == a ? f : P.cursor && P.cursor->ar == a ? P.cursor : a->first;
+    while (f->addr > at) f = f->prev;
+    while (f->addr + f->size <= at) f = f->next;
+  }
+  for (block* x = f;; x = x->next) {
+    if (!x || !runs_with(x, slot)) return miss();
+    if (x->addr + x->size >= at + size) break;
+  }
+  block* b = place(f, at, size, slot);
+  if (!b) return miss();
+  item.hint = P.cursor = b;
+  ++ctr.plan_placed;
+  return b;
+}
+
+}  // namespace vramkit

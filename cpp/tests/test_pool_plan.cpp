@@ -1,0 +1,355 @@
+// plan_steps: a program marks where each step begins; the pool records one
+// step's large requests, lays them out at fixed offsets, and places later
+// steps' requests there. Host page device (real mmap'd pages: every block is
+// written and read back, so an overlap would show).
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "vramkit/mr/pool_resource.hpp"
+#include "vramkit/platform/host_page_device.hpp"
+
+using namespace vramkit;
+
+namespace {
+constexpr std::size_t MiB = std::size_t{1} << 20, GiB = std::size_t{1} << 30;
+
+struct held {
+  void* p;
+  std::size_t n;
+  std::uint8_t tag;
+};
+
+// One byte a 4 KiB page and the last: enough to see a block written over another.
+void fill(held& h) {
+  auto* b = static_cast<std::uint8_t*>(h.p);
+  for (std::size_t i = 0; i < h.n; i += 4096) b[i] = h.tag;
+  b[h.n - 1] = h.tag;
+}
+void check_fill(const held& h) {
+  const auto* b = static_cast<const std::uint8_t*>(h.p);
+  for (std::size_t i = 0; i < h.n; i += 4096) ASSERT_EQ(b[i], h.tag) << "block at " << h.p << " overwritten";
+  ASSERT_EQ(b[h.n - 1], h.tag);
+}
+
+// A training-like step: activations allocated in the forward order and freed
+// in reverse while gradients of other sizes come and go; the loss of a step
+// lives into the next one. `scale` changes the activations' sizes.
+struct program {
+  pool_resource& pool;
+  stream_t stream = 0;
+  std::vector<held> weights;
+  held carried{nullptr, 0, 0};  // lives across the step boundary
+  std::uint8_t tag = 1;
+  std::vector<void*> addresses;  // this step's large requests, in order
+
+  held take(std::size_t n) {
+    held h{pool.allocate(n, stream), n, tag++};
+    if (tag == 0) tag = 1;
+    fill(h);
+    if (n > pool.options().small_threshold) addresses.push_back(h.p);
+    return h;
+  }
+  void give(held& h) {
+    check_fill(h);
+    pool.deallocate_checked(h.p, h.n, stream);
+  }
+  void setup() {
+    for (std::size_t n : {24 * MiB, 40 * MiB, 8 * MiB}) weights.push_back(take(n));
+  }
+  void step(double scale = 1.0) {
+    addresses.clear();
+    if (carried.p) give(carried);
+    std::vector<held> acts;
+    const std::size_t sizes[] = {12, 20, 6, 33, 3, 17, 9, 26};
+    for (std::size_t s : sizes) acts.push_back(take(static_cast<std::size_t>(static_cast<double>(s * MiB) * scale)));
+    held small = take(64 * 1024);  // small requests are not planned
+    std::vector<held> grads;
+    for (std::size_t i = acts.size(); i-- > 0;) {
+      grads.push_back(take(weights[i % weights.size()].n / 4 + MiB));
+      give(acts[i]);
+      if (grads.size() > 2) {
+        give(grads.front());
+        grads.erase(grads.begin());
+      }
+    }
+    for (auto& g : grads) give(g);
+    give(small);
+    carried = take(5 * MiB);
+  }
+};
+
+pool_options planned() {
+  pool_options o;
+  o.plan_steps = true;
+  return o;
+}
+}  // namespace
+
+TEST(plan_steps, a_repeating_step_moves_no_page_once_planned) {
+  auto dev = std::make_shared<host_page_device>(4 * GiB);
+  pool_resource pool(dev, nullptr, planned());
+  program prog{pool};
+  prog.setup();
+  std::vector<void*> first_planned;
+  std::size_t peak_live = 0;
+  for (int s = 0; s < 10; ++s) {
+    pool.mark_step();
+    auto c0 = pool.counters();
+    prog.step();
+    auto c1 = pool.counters();
+    peak_live = std::max(peak_live, pool.state().peak_live_bytes);
+    pool.check_invariants();
+    if (s >= 3) {  // warming, recording, following, then the plan
+      EXPECT_EQ(c1.plan_missed, c0.plan_missed) << "step " << s;
+      EXPECT_EQ(c1.plan_placed - c0.plan_placed, prog.addresses.size()) << "step " << s;
+    }
+    if (s == 3) first_planned = prog.addresses;
+    if (s >= 4) {
+      EXPECT_EQ(c1.pages_mapped, c0.pages_mapped) << "step " << s << " mapped pages";
+      EXPECT_EQ(c1.pages_unmapped, c0.pages_unmapped) << "step " << s << " unmapped pages";
+      EXPECT_EQ(c1.pages_created, c0.pages_created) << "step " << s << " created pages";
+      EXPECT_EQ(prog.addresses, first_planned) << "step " << s << ": a request left its planned place";
+    }
+  }
+  auto c = pool.counters();
+  EXPECT_EQ(c.plans_made, 1u);
+  EXPECT_EQ(c.plans_dropped, 0u);
+  EXPECT_GT(c.plan_bytes, 0u);
+  for (auto& w : prog.weights) prog.give(w);
+  prog.give(prog.carried);
+  pool.check_invariants();
+  EXPECT_EQ(pool.state().live_bytes, 0u);
+}
+
+TEST(plan_steps, the_plan_needs_no_more_than_the_steps_peak) {
+  // The plan's address space is at most the step's peak of live large bytes
+  // (a layout made knowing the lifetimes), within a page per block of rounding.
+  auto dev = std::make_shared<host_page_device>(4 * GiB);
+  pool_resource pool(dev, nullptr, planned());
+  program prog{pool};
+  prog.setup();
+  std::size_t weights = 0;
+  for (auto& w : prog.weights) weights += w.n;
+  std::size_t step_peak = 0;
+  for (int s = 0; s < 6; ++s) {
+    pool.mark_step();
+    pool.reset_peaks();
+    prog.step();
+    step_peak = std::max(step_peak, pool.state().peak_live_bytes - weights);
+  }
+  const auto c = pool.counters();
+  ASSERT_EQ(c.plans_made, 1u);
+  EXPECT_LE(c.plan_bytes, step_peak + 2 * MiB) << "plan " << c.plan_bytes << " step peak " << step_peak;
+  for (auto& w : prog.weights) prog.give(w);
+  prog.give(prog.carried);
+}
+
+TEST(plan_steps, a_step_that_differs_drops_the_plan_and_records_again) {
+  auto dev = std::make_shared<host_page_device>(4 * GiB);
+  pool_resource pool(dev, nullptr, planned());
+  program prog{pool};
+  prog.setup();
+  for (int s = 0; s < 5; ++s) {
+    pool.mark_step();
+    prog.step();
+  }
+  ASSERT_EQ(pool.counters().plans_made, 1u);
+  // New shapes: every activation misses its place (they have other sizes).
+  for (int s = 0; s < 6; ++s) {
+    pool.mark_step();
+    prog.step(1.5);
+    pool.check_invariants();
+  }
+  auto c = pool.counters();
+  EXPECT_EQ(c.plans_dropped, 1u);
+  EXPECT_EQ(c.plans_made, 2u) << "a new plan for the new shapes";
+  auto c0 = pool.counters();
+  pool.mark_step();
+  prog.step(1.5);
+  auto c1 = pool.counters();
+  EXPECT_EQ(c1.plan_missed, c0.plan_missed);
+  EXPECT_EQ(c1.pages_mapped, c0.pages_mapped);
+  for (auto& w : prog.weights) prog.give(w);
+  prog.give(prog.carried);
+  pool.check_invariants();
+}
+
+TEST(plan_steps, steps_that_do_not_repeat_get_no_plan) {
+  // Shapes that change every step (dynamic batches): the step after the
+  // recorded one never makes the same requests, so no plan is laid out and
+  // no page moves to a plan's address space.
+  auto dev = std::make_shared<host_page_device>(4 * GiB);
+  pool_resource pool(dev, nullptr, planned());
+  program prog{pool};
+  prog.setup();
+  for (int s = 0; s < 12; ++s) {
+    pool.mark_step();
+    prog.step(s % 2 ? 1.5 : 1.0);
+  }
+  auto c = pool.counters();
+  EXPECT_EQ(c.plans_made, 0u);
+  EXPECT_EQ(c.plan_placed + c.plan_missed, 0u);
+  EXPECT_EQ(c.plan_bytes, 0u);
+  for (auto& w : prog.weights) prog.give(w);
+  prog.give(prog.carried);
+  pool.check_invariants();
+}
+
+TEST(plan_steps, a_place_still_taken_falls_back_without_overlap) {
+  auto dev = std::make_shared<host_page_device>(4 * GiB);
+  pool_resource pool(dev, nullptr, planned());
+  program prog{pool};
+  prog.setup();
+  for (int s = 0; s < 5; ++s) {
+    pool.mark_step();
+    prog.step();
+  }
+  // Keep this step's first activation past its free: the next step's first
+  // request of that size finds its place taken.
+  pool.mark_step();
+  prog.addresses.clear();
+  held kept = prog.take(12 * MiB);
+  auto c0 = pool.counters();
+  prog.step();  // its first request (12 MiB) is the second of that size this step
+  auto c1 = pool.counters();
+  EXPECT_GT(c1.plan_missed, c0.plan_missed);
+  pool.check_invariants();
+  prog.give(kept);
+  for (int s = 0; s < 3; ++s) {
+    pool.mark_step();
+    prog.step();
+    pool.check_invariants();
+  }
+  for (auto& w : prog.weights) prog.give(w);
+  prog.give(prog.carried);
+  EXPECT_EQ(pool.state().live_bytes, 0u);
+  pool.check_invariants();
+}
+
+TEST(plan_steps, another_stream_does_not_take_a_streams_places) {
+  // The plan was recorded on one stream; a step on another finds the places
+  // in the first stream's free blocks, whose work it may not follow: every
+  // request is placed as usual, and the pool stays whole.
+  struct never_done : stream_ops {
+    event_id record(stream_t) override { return 1; }
+    bool done(event_id) override { return false; }
+    void wait(event_id) override {}
+    void release(event_id) noexcept override {}
+  };
+  auto dev = std::make_shared<host_page_device>(4 * GiB);
+  pool_options o = planned();
+  o.remap_own = false;
+  pool_resource pool(dev, std::make_shared<never_done>(), o);
+  program prog{pool};
+  prog.stream = 0x10;
+  prog.setup();
+  for (int s = 0; s < 5; ++s) {
+    pool.mark_step();
+    prog.step();
+  }
+  prog.give(prog.carried);
+  prog.carried.p = nullptr;
+  prog.stream = 0x20;
+  auto c0 = pool.counters();
+  pool.mark_step();
+  prog.step();
+  auto c1 = pool.counters();
+  EXPECT_EQ(c1.plan_placed, c0.plan_placed);
+  EXPECT_GT(c1.plan_missed, c0.plan_missed);
+  pool.check_invariants();
+  prog.give(prog.carried);
+  prog.stream = 0x10;
+  for (auto& w : prog.weights) prog.give(w);
+  pool.check_invariants();
+}
+
+TEST(plan_steps, without_the_option_marks_change_nothing) {
+  std::vector<std::vector<void*>> runs;
+  for (int marks = 0; marks < 2; ++marks) {
+    auto dev = std::make_shared<host_page_device>(4 * GiB);
+    pool_resource pool(dev, nullptr, pool_options{});
+    program prog{pool};
+    prog.setup();
+    std::vector<void*> all;
+    for (int s = 0; s < 6; ++s) {
+      if (marks) pool.mark_step();
+      prog.step();
+      all.insert(all.end(), prog.addresses.begin(), prog.addresses.end());
+    }
+    auto c = pool.counters();
+    EXPECT_EQ(c.plans_made + c.plan_placed + c.plan_missed, 0u);
+    runs.push_back(all);
+    for (auto& w : prog.weights) prog.give(w);
+    prog.give(prog.carried);
+  }
+  EXPECT_EQ(runs[0], runs[1]);
+}
+
+TEST(plan_steps, random_programs_keep_the_pool_whole) {
+  // Steps of random sizes and lifetimes, repeated a few times each, then
+  // changed: plans are made, followed, missed and dropped; no block overlaps
+  // another and the invariants hold throughout.
+  auto dev = std::make_shared<host_page_device>(8 * GiB);
+  pool_resource pool(dev, nullptr, planned());
+  std::mt19937_64 rng(7);
+  std::vector<held> live;
+  std::uint8_t tag = 1;
+  for (int phase = 0; phase < 6; ++phase) {
+    std::vector<std::size_t> sizes(40);
+    for (auto& s : sizes) s = (1 + rng() % 12) * MiB + (rng() % 4) * 4096;
+    std::vector<int> frees(sizes.size());  // when each is freed: after request k (or carried over)
+    for (std::size_t i = 0; i < sizes.size(); ++i) frees[i] = static_cast<int>(i + 1 + rng() % 12);
+    const int repeats = 3 + static_cast<int>(rng() % 4);
+    for (int r = 0; r < repeats; ++r) {
+      pool.mark_step();
+      std::vector<std::pair<int, held>> mine;
+      for (std::size_t i = 0; i < sizes.size(); ++i) {
+        held h{pool.allocate(sizes[i], 0), sizes[i], tag++};
+        if (!tag) tag = 1;
+        fill(h);
+        mine.emplace_back(frees[i], h);
+        for (auto it = mine.begin(); it != mine.end();) {
+          if (it->first <= static_cast<int>(i)) {
+            check_fill(it->second);
+            pool.deallocate_checked(it->second.p, it->second.n, 0);
+            it = mine.erase(it);
+          } else {
+            ++it;
+          }
+        }
+        if (rng() % 32 == 0) pool.check_invariants();
+      }
+      for (auto& h : live) {  // last step's carried blocks
+        check_fill(h);
+        pool.deallocate_checked(h.p, h.n, 0);
+      }
+      live.clear();
+      for (auto& m : mine) live.push_back(m.second);
+      pool.check_invariants();
+    }
+  }
+  for (auto& h : live) {
+    check_fill(h);
+    pool.deallocate_checked(h.p, h.n, 0);
+  }
+  pool.check_invariants();
+  EXPECT_GE(pool.counters().plans_made, 2u);
+  EXPECT_EQ(pool.state().live_bytes, 0u);
+}
+
+TEST(plan_steps, a_pool_over_segments_ignores_marks) {
+  auto dev = std::make_shared<host_page_device>(1 * GiB);
+  auto pages = std::make_shared<pool_resource>(dev, nullptr, pool_options{});
+  pool_resource pool(std::static_pointer_cast<device_resource>(pages), nullptr, planned());
+  for (int s = 0; s < 5; ++s) {
+    pool.mark_step();
+    void* p = pool.allocate(8 * MiB, 0);
+    pool.deallocate_checked(p, 8 * MiB, 0);
+  }
+  EXPECT_EQ(pool.counters().plans_made, 0u);
+  pool.check_invariants();
+}
