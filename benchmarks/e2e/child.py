@@ -170,6 +170,7 @@ def run(workload: str, alloc: str, steps: int, warmup: int, seed: int, vramkit_c
         raise SystemExit(f"unknown determinism {determinism!r} (strict, warn, off)")
     caught = _Warnings()
     tracking = None
+    mark_step = None
     if is_vramkit(alloc):
         import vramkit
         import vramkit.torch
@@ -177,6 +178,8 @@ def run(workload: str, alloc: str, steps: int, warmup: int, seed: int, vramkit_c
         for k, v in variant_options(alloc).items():
             options.setdefault(k, v)
         vramkit.torch.use(**options)  # first: before PyTorch initializes CUDA
+        if str(options.get("plan_steps", "")).lower() in ("1", "true", "on", "yes"):
+            mark_step = vramkit.torch.mark_step  # each step begins there (outside the timed region)
         res["vramkit_conf"] = vramkit.torch.pool_conf(**options) or os.environ.get("VRAMKIT_ALLOC_CONF", "")
         res["vramkit_version"] = getattr(vramkit, "__version__", "?")
         if alloc == "vramkit-tracking":
@@ -236,6 +239,8 @@ def run(workload: str, alloc: str, steps: int, warmup: int, seed: int, vramkit_c
         step_host = []  # host counters over each step (e2e/cpus.py host_clocks)
         t_loop = time.perf_counter()
         for i in range(steps):
+            if mark_step:
+                mark_step()
             batch = runner.inputs(i)
             torch.cuda.synchronize()
             before = page_ops() if page_ops else None

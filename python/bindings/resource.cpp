@@ -125,6 +125,11 @@ void bind_resource(nb::module_& m) {
             d["growth_chunks"] = c.growth_chunks;
             d["pages_taken_early"] = c.pages_taken_early;
             d["early_waits"] = c.early_waits;
+            d["plans_made"] = c.plans_made;
+            d["plans_dropped"] = c.plans_dropped;
+            d["plan_placed"] = c.plan_placed;
+            d["plan_missed"] = c.plan_missed;
+            d["plan_bytes"] = c.plan_bytes;
             d["page_create_ns"] = c.page_create_ns;
             d["page_map_ns"] = c.page_map_ns;
             d["page_unmap_ns"] = c.page_unmap_ns;
@@ -138,6 +143,11 @@ void bind_resource(nb::module_& m) {
             if (!p) throw invalid_argument("set_reserve_limit: resource '" + r.name() + "' holds no pool");
             p->set_reserve_limit(n);
           })
+      .def("mark_step", [](device_resource& r) {
+            if (pool_resource* p = find_pool(&r)) p->mark_step();
+          },
+          "A step of the program begins: with the pool option plan_steps, the pool records a step and "
+          "places later steps' requests where the recorded ones were (nothing otherwise).")
       .def("check_invariants", [](device_resource& r) {
             pool_resource* p = find_pool(&r);
             if (p) p->check_invariants();

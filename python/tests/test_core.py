@@ -253,3 +253,31 @@ def test_copy_from_host_takes_any_contiguous_buffer():
             b.copy_from_host(bad)
     assert b.copy_to_host() == before
     b.free()
+
+
+def test_mark_step_places_a_repeating_steps_requests_where_they_were():
+    r = vramkit.make_resource("pool:plan_steps:true")
+    sizes = [12 << 20, 3 << 20, 20 << 20, 7 << 20]
+    seen = []
+    for step in range(7):
+        r.mark_step()
+        ptrs = [r.allocate(n) for n in sizes]
+        for p, n in zip(reversed(ptrs), reversed(sizes)):
+            r.deallocate(p, n)
+        seen.append(ptrs)
+        r.check_invariants()
+    c = r.pool_counters()
+    assert c["plans_made"] == 1 and c["plan_missed"] == 0
+    assert c["plan_placed"] == 4 * len(sizes)  # steps 3-6 (0-2: warming, recording, following)
+    assert seen[3] == seen[4] == seen[5] == seen[6] and seen[3] != seen[2]
+    assert c["plan_bytes"] >= 20 << 20
+    assert "plan_steps:true" in c["options"]
+
+
+def test_mark_step_without_plans_changes_nothing():
+    vramkit.mark_step()  # the default pool, plan_steps off
+    r = vramkit.make_resource("pool")
+    r.mark_step()
+    assert r.pool_counters()["plans_made"] == 0
+    vramkit.make_resource("host").mark_step()  # not a pool: nothing to do
+    assert "pool.plan_placed" in vramkit.memory_stats()

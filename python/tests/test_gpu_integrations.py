@@ -554,9 +554,10 @@ def test_out_of_memory_near_capacity_and_recovery():
 GPT2_CHILD = r"""
 import json, os, sys, time
 alloc = sys.argv[1] if len(sys.argv) > 1 else os.environ["VK_ALLOC"]
-if alloc == "vramkit":
+plan = alloc == "vramkit-plan"  # step plans: each step marked, later steps placed where a recorded one went
+if alloc.startswith("vramkit"):
     import vramkit, vramkit.torch
-    vramkit.torch.use()
+    vramkit.torch.use(**({"plan_steps": True, "remap_own_slack": 0} if plan else {}))
 import torch
 torch.use_deterministic_algorithms(True, warn_only=True)
 torch.backends.cudnn.benchmark = False
@@ -580,18 +581,27 @@ opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 g = torch.Generator().manual_seed(1234)
 data = torch.randint(0, cfg.vocab_size, (20, 4, 128), generator=g)
 losses = []
+page_ops = []  # with plan: the pool's pages mapped + unmapped by the end of each step
 t0 = time.perf_counter()
 for step in range(20):
+    if plan:
+        vramkit.torch.mark_step()
     x = data[step].cuda()
     out = model(input_ids=x, labels=x)
     opt.zero_grad(set_to_none=True)
     out.loss.backward()
     opt.step()
     losses.append(out.loss.item())
+    if plan:
+        c = vramkit.get_current_resource().pool_counters()
+        page_ops.append(c["pages_mapped"] + c["pages_unmapped"])
 torch.cuda.synchronize()
 res = {"alloc": alloc, "losses": losses, "seconds": time.perf_counter() - t0, "torch": torch.__version__,
        "attn": getattr(model.config, "_attn_implementation", "?")}
-if alloc == "vramkit":
+if plan:
+    res["page_ops"] = page_ops
+    res["plan"] = {k: v for k, v in vramkit.get_current_resource().pool_counters().items() if k.startswith("plan")}
+if alloc.startswith("vramkit"):
     res["peak_allocated"] = vramkit.max_memory_allocated()
     res["peak_reserved"] = vramkit.max_memory_reserved()
     res["allocated_now"] = vramkit.memory_allocated()
@@ -622,6 +632,26 @@ def test_gpt2_training_losses_match_default_allocator():
     assert np.isfinite(lv).all() and np.ptp(lv) > 0, f"training did not run: {summary}"
     assert runs["vramkit"]["allocated_now"] > 100 * MiB, f"the model's memory is not in vramkit: {show(runs['vramkit'])}"
     assert np.allclose(lv, ld, rtol=0, atol=1e-5), f"losses differ: {summary}\nvramkit {lv}\ndefault {ld}"
+
+
+@needs("torch", "transformers")
+def test_gpt2_training_with_step_plans():
+    """plan_steps: the same losses as PyTorch's allocator, and from the fifth step on no page mapped
+    or unmapped (steps 1-3 warm up, record and compare; the fourth maps the plan's pages)."""
+    env = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    runs = {a: child(GPT2_CHILD, env={**env, "VK_ALLOC": a}, timeout=500) for a in ("vramkit-plan", "default")}
+    r = runs["vramkit-plan"]
+    lp, ld = np.array(r["losses"]), np.array(runs["default"]["losses"])
+    ops = r["page_ops"]
+    summary = (f"max |loss diff| {np.abs(lp - ld).max():.3g}; plan counters {r['plan']}; page ops by step {ops}; "
+               f"peak reserved {r['peak_reserved'] / MiB:.0f} MiB for {r['peak_allocated'] / MiB:.0f} MiB allocated "
+               f"(PyTorch: {runs['default']['peak_reserved'] / MiB:.0f} MiB); {r['seconds']:.1f} s vs "
+               f"{runs['default']['seconds']:.1f} s")
+    print(summary)
+    assert np.allclose(lp, ld, rtol=0, atol=1e-5), f"losses differ: {summary}"
+    assert r["plan"]["plans_made"] >= 1 and r["plan"]["plans_dropped"] == 0, summary
+    assert r["plan"]["plan_placed"] > 0, summary
+    assert ops[-1] == ops[3], f"pages moved after the plan was in force: {summary}"
 
 
 # ============================================================ (5) CuPy and Numba kernels on vramkit memory

@@ -35,7 +35,7 @@ __all__ = [
     "max_memory_allocated", "max_memory_reserved", "reset_peak_memory_stats", "memory_stats",
     "memory_summary", "empty_cache", "mem_get_info", "peer_devices", "set_per_process_memory_fraction",
     "get_memory_info", "device_info", "set_current_resource", "get_current_resource", "make_resource",
-    "backend", "device_count", "info", "format_bytes", "parse_size", "LeakError",
+    "mark_step", "backend", "device_count", "info", "format_bytes", "parse_size", "LeakError",
 ]
 
 
@@ -93,6 +93,16 @@ def make_resource(spec: str = "vramkit", device=None) -> Resource:
     ``"pool:upstream=cuda"``, ``"host"``, ``"vmm"``, ``"cuda"``, ``"cuda_async"``, for ``device``
     (an index or a ``torch.device``; default: the current device, as ``set_current_resource``)."""
     return _vramkit.make_resource(spec, device)
+
+
+def mark_step(device=None) -> None:
+    """A step of the program begins (call it at the top of each training or serving step).
+
+    With the pool option ``plan_steps`` the pool records a step's large requests, lays them out
+    once, and places the same requests of later steps at the same addresses: no page moves once
+    the plan is in force. Without it, or on an allocator other than vramkit's pool, nothing happens.
+    """
+    _vramkit.current_resource(device).mark_step()
 
 
 def _stats(device=None) -> dict:

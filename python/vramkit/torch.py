@@ -27,7 +27,7 @@ import warnings
 from . import _vramkit
 
 __all__ = ["use", "is_active", "stats", "record_stream", "library_path", "pool_conf", "pool",
-           "graph_pools", "hooks_available"]
+           "graph_pools", "hooks_available", "mark_step"]
 
 _ALLOC_FN = "vramkit_torch_alloc"
 _FREE_FN = "vramkit_torch_free"
@@ -274,6 +274,14 @@ def stats(device=None) -> dict:
     """
     from . import memory_stats
     return memory_stats(device)
+
+
+def mark_step(device=None) -> None:
+    """``vramkit.mark_step(device)`` for the pool PyTorch allocates from: call it at the top of each
+    training step (with ``use(plan_steps=True)``, later steps' tensors land where the recorded
+    step's did, with no page moves)."""
+    from . import mark_step as _mark
+    _mark(None if device is None else _device_index(device))
 
 
 def _device_index(device) -> int:
