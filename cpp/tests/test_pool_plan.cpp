@@ -341,6 +341,23 @@ TEST(plan_steps, random_programs_keep_the_pool_whole) {
   EXPECT_EQ(pool.state().live_bytes, 0u);
 }
 
+TEST(plan_steps, a_step_of_too_many_large_requests_gets_no_plan) {
+  // Laying a plan out takes time that grows with the square of its blocks:
+  // past 4,096 large requests a step the pool does not try.
+  auto dev = std::make_shared<host_page_device>(64 * GiB);
+  for (std::size_t n : {4096u, 4097u}) {
+    pool_resource p2(dev, nullptr, planned());
+    for (int s = 0; s < 5; ++s) {
+      p2.mark_step();
+      std::vector<void*> v;
+      for (std::size_t i = 0; i < n; ++i) v.push_back(p2.allocate(MiB + 4096 * (i % 7 + 1), 0));
+      for (void* p : v) p2.deallocate_checked(p, 0, 0);
+    }
+    EXPECT_EQ(p2.counters().plans_made, n <= 4096 ? 1u : 0u) << n << " requests a step";
+    p2.check_invariants();
+  }
+}
+
 TEST(plan_steps, a_pool_over_segments_ignores_marks) {
   auto dev = std::make_shared<host_page_device>(1 * GiB);
   auto pages = std::make_shared<pool_resource>(dev, nullptr, pool_options{});

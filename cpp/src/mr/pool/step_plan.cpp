@@ -73,7 +73,7 @@ void pool_resource::impl::plan_record_start() {
 
 void pool_resource::impl::plan_note_alloc(std::uintptr_t addr, std::size_t size) {
   auto& P = plan;
-  if (P.ph == step_plan::phase::recording) {
+  if (P.ph == step_plan::phase::recording && P.items.size() <= step_plan::max_items) {
     step_plan::item it;
     it.size = size;
     it.t0 = P.tick;
@@ -106,6 +106,7 @@ void pool_resource::impl::plan_note_free(std::uintptr_t addr) {
 bool pool_resource::impl::plan_build() {
   auto& P = plan;
   const std::uint64_t T = P.length;
+  if (P.items.size() > step_plan::max_items) return false;  // the layout's time grows as the square
   // Only steps that repeat: the step after the recorded one must have made the
   // same requests (by size and count) for at least 95 % of its bytes.
   {
