@@ -39,7 +39,8 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     gpu->lag = (data[0] >> 6) * 7;
     o.remap_own = (data[0] & 32) != 0;
   }
-  o.plan_steps = true;  // plans need marks (op 5) and repeating steps; without them nothing changes
+  // Step plans from the last byte (they turn chunks off); plans need marks (op 5) and repeating steps.
+  o.plan_steps = size > 1 && (data[size - 1] & 1);
   pool_resource pool(dev, gpu, o);
   struct live { std::uint8_t* p; std::size_t n; stream_t s; std::uint8_t tag; };
   std::vector<live> v;

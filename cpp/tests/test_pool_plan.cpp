@@ -341,6 +341,55 @@ TEST(plan_steps, random_programs_keep_the_pool_whole) {
   EXPECT_EQ(pool.state().live_bytes, 0u);
 }
 
+TEST(plan_steps, blocks_left_out_of_the_plan_keep_the_ranks_of_the_others) {
+  // Each step's first 8 MiB request lives two steps (a double buffer), its
+  // second 8 MiB request a moment; a third request is freed on another
+  // stream. The first and third are left out of the plan and placed as usual;
+  // the second still gets its own place (rank 2 of its size, not rank 1),
+  // and no step misses.
+  auto dev = std::make_shared<host_page_device>(4 * GiB);
+  pool_resource pool(dev, nullptr, planned());
+  std::vector<held> older;  // the double buffers of the last two steps
+  std::vector<void*> seconds;
+  std::uint8_t tag = 1;
+  auto take = [&](std::size_t n, stream_t s) {
+    held h{pool.allocate(n, s), n, tag++};
+    fill(h);
+    return h;
+  };
+  for (int s = 0; s < 10; ++s) {
+    pool.mark_step();
+    auto c0 = pool.counters();
+    held buffer = take(8 * MiB, 0);
+    held brief = take(8 * MiB, 0);
+    seconds.push_back(brief.p);
+    held shared = take(6 * MiB, 0);
+    held work = take(20 * MiB, 0);
+    check_fill(brief);
+    pool.deallocate_checked(brief.p, brief.n, 0);
+    check_fill(shared);
+    pool.deallocate_checked(shared.p, shared.n, 0x30);  // freed on another stream: pending for a while
+    check_fill(work);
+    pool.deallocate_checked(work.p, work.n, 0);
+    older.push_back(buffer);
+    if (older.size() > 2) {
+      check_fill(older.front());
+      pool.deallocate_checked(older.front().p, older.front().n, 0);
+      older.erase(older.begin());
+    }
+    auto c1 = pool.counters();
+    if (s >= 3) {
+      EXPECT_EQ(c1.plan_missed, c0.plan_missed) << "step " << s;
+      EXPECT_EQ(c1.plan_placed - c0.plan_placed, 2u) << "step " << s << ": the brief block and the work block";
+    }
+    pool.check_invariants();
+  }
+  EXPECT_EQ(pool.counters().plans_made, 1u);
+  EXPECT_EQ(seconds[4], seconds[9]);
+  for (auto& h : older) pool.deallocate_checked(h.p, h.n, 0);
+  pool.check_invariants();
+}
+
 TEST(plan_steps, a_step_of_too_many_large_requests_gets_no_plan) {
   // Laying a plan out takes time that grows with the square of its blocks:
   // past 4,096 large requests a step the pool does not try.

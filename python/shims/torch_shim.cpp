@@ -47,6 +47,8 @@ std::shared_ptr<device_resource> make_private_pool(int device, capture_router* r
   // No helper thread making pages for it (map_ahead): a capture in global
   // mode forbids mapping calls from every thread.
   o.map_ahead = 0;
+  // No step plans: marks reach the main pool only, and a graph's pool keeps its chunks.
+  o.plan_steps = false;
   o.release_threshold = static_cast<std::size_t>(-1);
   o.reserve_limit = 0;
   o.page_size = 0;  // the device's own pages: the main pool's may come from a device of their own

@@ -82,7 +82,7 @@ struct pool_options {
   // Step plans (paged pools): where a program repeats the same steps (a
   // training loop) and says where each begins (pool_resource::mark_step), the
   // pool records one step's large requests and when each was freed, lays them
-  // out once at fixed offsets in fresh address space (largest first, each at
+  // out once at fixed offsets past every live block (largest first, each at
   // the lowest offset free for its lifetime, the step taken as a circle so
   // that blocks living into the next step fit too), and from then on places
   // each large request at its planned address: the n-th request of a size in

@@ -142,8 +142,9 @@ void* pool_resource::impl::allocate(std::size_t bytes, stream_t stream) {
   if (!pending.empty()) process_pending(false);
   const bool planning = plan.ph != step_plan::phase::off && !small;  // plan_steps
   auto placed = [&](block* b) {
+    void* p = finish(b, bytes, stream);
     if (planning) plan_note_alloc(b->addr, size);
-    return finish(b, bytes, stream);
+    return p;
   };
   if (planning && plan.ph == step_plan::phase::planned)
     if (block* b = plan_place(size, slot)) return finish(b, bytes, stream);
@@ -177,11 +178,11 @@ free_status pool_resource::impl::deallocate(void* ptr, std::size_t bytes, stream
     return free_status::wrong_size;
   live.erase(key);
   live_bytes -= b->size;
-  if (plan.ph != step_plan::phase::off && !b->ar->small) plan_note_free(key);
   // Freed on another stream than allocated: the memory is in use on both.
   if (stream != b->stream &&
       std::find(b->extra_streams.begin(), b->extra_streams.end(), stream) == b->extra_streams.end())
     b->extra_streams.push_back(stream);
+  if (plan.ph != step_plan::phase::off && !b->ar->small) plan_note_free(key, !b->extra_streams.empty());
   if (!b->extra_streams.empty()) {
     // An event that cannot be recorded now (0) is recorded later, when the
     // pending frees are looked at: the block waits for it (a later event

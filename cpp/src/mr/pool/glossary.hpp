@@ -87,8 +87,8 @@
 //                back the same way. `chunk_bits` marks its pages.
 //   step plan    (plan_steps) One recorded step's large requests laid out at
 //                fixed offsets (largest first, lowest free offset over each
-//                block's lifetime, the step a circle) in fresh address space
-//                past every page the large arena mapped. A later request, the
+//                block's lifetime, the step a circle) in the address space
+//                past every live or pending block of the large arena. A later request, the
 //                n-th of its size in its step, goes to the n-th recorded one's
 //                place (`plan_place`) when every block there is free and its
 //                to take; else it is a miss, placed as usual.

@@ -228,6 +228,7 @@ struct pool_resource::impl {
       std::uint64_t t0 = 0, t1 = 0;  // requested, freed (0: not yet; past length: in the next step)
       std::size_t off = 0;           // planned offset from base
       bool planned = false;
+      bool pending = false;   // freed while another stream still used it
       block* hint = nullptr;  // the block last placed there (checked before use: it may be gone)
     };
     std::vector<item> items;
@@ -242,8 +243,8 @@ struct pool_resource::impl {
   void mark_step();
   void plan_record_start();
   bool plan_build();
-  void plan_note_alloc(std::uintptr_t addr, std::size_t size);
-  void plan_note_free(std::uintptr_t addr);
+  void plan_note_alloc(std::uintptr_t addr, std::size_t size) noexcept;
+  void plan_note_free(std::uintptr_t addr, bool pending) noexcept;
   block* plan_place(std::size_t size, std::uint32_t slot);
 
   // ---- release (release.cpp) ---------------------------------------------

@@ -1,6 +1,6 @@
 // Step plans (plan_steps): a program that repeats the same steps and marks
 // where each begins gets one step's large requests laid out once, at fixed
-// offsets in fresh address space, and every later request of the same size
+// offsets past every live block, and every later request of the same size
 // and rank in its step placed at its planned address. Blocks then land on the
 // pages the same request had a step before: no page moves in steady steps,
 // and the layout, made knowing every block's lifetime, needs little more
@@ -71,28 +71,39 @@ void pool_resource::impl::plan_record_start() {
   P.step_bytes = P.missed_bytes = 0;
 }
 
-void pool_resource::impl::plan_note_alloc(std::uintptr_t addr, std::size_t size) {
+// After the block is handed out; no host memory for the record: this recording
+// is given up (the next marks start another), the allocation stands.
+void pool_resource::impl::plan_note_alloc(std::uintptr_t addr, std::size_t size) noexcept {
   auto& P = plan;
-  if (P.ph == step_plan::phase::recording && P.items.size() <= step_plan::max_items) {
-    step_plan::item it;
-    it.size = size;
-    it.t0 = P.tick;
-    P.items.push_back(it);
-    P.open[addr] = static_cast<std::uint32_t>(P.items.size() - 1);
-  }
-  if (P.ph == step_plan::phase::following) {  // the next step's requests, to compare (plan_build)
-    ++P.seen[size];
-    P.step_bytes += size;
+  try {
+    if (P.ph == step_plan::phase::recording && P.items.size() <= step_plan::max_items) {
+      step_plan::item it;
+      it.size = size;
+      it.t0 = P.tick;
+      P.items.push_back(it);
+      P.open[addr] = static_cast<std::uint32_t>(P.items.size() - 1);
+    }
+    if (P.ph == step_plan::phase::following) {  // the next step's requests, to compare (plan_build)
+      ++P.seen[size];
+      P.step_bytes += size;
+    }
+  } catch (...) {
+    P.ph = step_plan::phase::warming;
+    return;
   }
   if (P.ph == step_plan::phase::recording || P.ph == step_plan::phase::following) ++P.tick;
 }
 
-void pool_resource::impl::plan_note_free(std::uintptr_t addr) {
+// A recorded block freed while another stream may still use it (it goes
+// pending) is left out of the plan: its place would not be free again when
+// the recorded step's frees say.
+void pool_resource::impl::plan_note_free(std::uintptr_t addr, bool pending) noexcept {
   auto& P = plan;
   if (P.ph != step_plan::phase::recording && P.ph != step_plan::phase::following) return;
   auto it = P.open.find(addr);
   if (it != P.open.end()) {
     P.items[it->second].t1 = P.tick;
+    P.items[it->second].pending = pending;
     P.open.erase(it);
   }
   ++P.tick;
@@ -102,7 +113,7 @@ void pool_resource::impl::plan_note_free(std::uintptr_t addr) {
 // lowest offset where it overlaps no block placed before it that is alive at
 // some same point of the step. A block freed in the next step lives over the
 // step's end into its beginning (the circle). Then the plan's address space:
-// fresh pages past every page the large arena ever mapped.
+// past every live or pending block of the large arena.
 bool pool_resource::impl::plan_build() {
   auto& P = plan;
   const std::uint64_t T = P.length;
@@ -122,8 +133,9 @@ bool pool_resource::impl::plan_build() {
   std::vector<std::uint32_t> order;
   for (std::uint32_t k = 0; k < P.items.size(); ++k) {
     auto& it = P.items[k];
-    // Kept out: never freed yet (long-lived), or living more than a step.
-    it.planned = it.t1 != 0 && (it.t1 <= T || it.t1 - T <= it.t0);
+    // Kept out: never freed yet (long-lived), living more than a step, or
+    // freed while another stream still used it.
+    it.planned = it.t1 != 0 && (it.t1 <= T || it.t1 - T <= it.t0) && !it.pending;
     if (it.planned) order.push_back(k);
   }
   if (order.empty() || T == 0) return false;
@@ -168,14 +180,20 @@ bool pool_resource::impl::plan_build() {
     top = std::max(top, at + it.size);
     placed.push_back(k);
   }
+  // The plan's address space: from the first page past every live or pending
+  // block of the large arena (the free pages above them, mapped or not, are
+  // the plan's to use; a dropped plan's room is used again).
   detail::arena* a = arenas[1];
-  const std::size_t align = chunk ? chunk * page : page;
-  const std::size_t start = round_up(a->top * page, align);
+  std::size_t start = 0;
+  for (const block* x = a->first; x; x = x->next)
+    if (x->state != block::free_state) start = x->addr + x->size - a->base;
+  start = round_up(start, page);
   if (start > a->size || a->size - start < top) return false;
   P.base = a->base + start;
+  // Every recorded request of a size, in request order: the n-th request of
+  // that size in a later step is the n-th recorded one, planned or not.
   P.by_size.clear();
-  for (std::uint32_t k = 0; k < P.items.size(); ++k)
-    if (P.items[k].planned) P.by_size[P.items[k].size].push_back(k);
+  for (std::uint32_t k = 0; k < P.items.size(); ++k) P.by_size[P.items[k].size].push_back(k);
   P.open.clear();
   P.seen.clear();
   P.cursor = nullptr;
@@ -204,6 +222,10 @@ block* pool_resource::impl::plan_place(std::size_t size, std::uint32_t slot) {
     return miss();
   }
   auto& item = P.items[list->second[n++]];
+  if (!item.planned) {  // left out of the plan (long-lived, or used by another stream): not a miss
+    P.step_bytes -= size;
+    return nullptr;
+  }
   detail::arena* a = arenas[1];
   const std::uintptr_t at = P.base + item.off;
   // The free block holding `at`: where the last block placed there went, else
