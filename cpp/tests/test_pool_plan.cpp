@@ -60,6 +60,13 @@ struct program {
   void setup() {
     for (std::size_t n : {24 * MiB, 40 * MiB, 8 * MiB}) weights.push_back(take(n));
   }
+  // Gives back the weights and the block carried over: nothing of the program stays live.
+  void finish() {
+    for (auto& w : weights) give(w);
+    weights.clear();
+    if (carried.p) give(carried);
+    carried.p = nullptr;
+  }
   void step(double scale = 1.0) {
     addresses.clear();
     if (carried.p) give(carried);
@@ -87,13 +94,28 @@ pool_options planned() {
   o.plan_steps = true;
   return o;
 }
+
+// A pool with plan_steps on a 4 GiB host device, and the program with its weights.
+struct planned_program {
+  std::shared_ptr<host_page_device> dev = std::make_shared<host_page_device>(4 * GiB);
+  pool_resource pool{dev, nullptr, planned()};
+  program prog{pool};
+  planned_program() { prog.setup(); }
+};
+
+// n marked steps of the program.
+void run_steps(pool_resource& pool, program& prog, int n, double scale = 1.0) {
+  for (int s = 0; s < n; ++s) {
+    pool.mark_step();
+    prog.step(scale);
+  }
+}
 }  // namespace
 
 TEST(plan_steps, a_repeating_step_moves_no_page_once_planned) {
-  auto dev = std::make_shared<host_page_device>(4 * GiB);
-  pool_resource pool(dev, nullptr, planned());
-  program prog{pool};
-  prog.setup();
+  planned_program t;
+  auto& pool = t.pool;
+  auto& prog = t.prog;
   std::vector<void*> first_planned;
   std::size_t peak_live = 0;
   for (int s = 0; s < 10; ++s) {
@@ -119,8 +141,7 @@ TEST(plan_steps, a_repeating_step_moves_no_page_once_planned) {
   EXPECT_EQ(c.plans_made, 1u);
   EXPECT_EQ(c.plans_dropped, 0u);
   EXPECT_GT(c.plan_bytes, 0u);
-  for (auto& w : prog.weights) prog.give(w);
-  prog.give(prog.carried);
+  prog.finish();
   pool.check_invariants();
   EXPECT_EQ(pool.state().live_bytes, 0u);
 }
@@ -128,10 +149,9 @@ TEST(plan_steps, a_repeating_step_moves_no_page_once_planned) {
 TEST(plan_steps, the_plan_needs_no_more_than_the_steps_peak) {
   // The plan's address space is at most the step's peak of live large bytes
   // (a layout made knowing the lifetimes), within a page per block of rounding.
-  auto dev = std::make_shared<host_page_device>(4 * GiB);
-  pool_resource pool(dev, nullptr, planned());
-  program prog{pool};
-  prog.setup();
+  planned_program t;
+  auto& pool = t.pool;
+  auto& prog = t.prog;
   std::size_t weights = 0;
   for (auto& w : prog.weights) weights += w.n;
   std::size_t step_peak = 0;
@@ -144,24 +164,18 @@ TEST(plan_steps, the_plan_needs_no_more_than_the_steps_peak) {
   const auto c = pool.counters();
   ASSERT_EQ(c.plans_made, 1u);
   EXPECT_LE(c.plan_bytes, step_peak + 2 * MiB) << "plan " << c.plan_bytes << " step peak " << step_peak;
-  for (auto& w : prog.weights) prog.give(w);
-  prog.give(prog.carried);
+  prog.finish();
 }
 
 TEST(plan_steps, a_step_that_differs_drops_the_plan_and_records_again) {
-  auto dev = std::make_shared<host_page_device>(4 * GiB);
-  pool_resource pool(dev, nullptr, planned());
-  program prog{pool};
-  prog.setup();
-  for (int s = 0; s < 5; ++s) {
-    pool.mark_step();
-    prog.step();
-  }
+  planned_program t;
+  auto& pool = t.pool;
+  auto& prog = t.prog;
+  run_steps(pool, prog, 5);
   ASSERT_EQ(pool.counters().plans_made, 1u);
   // New shapes: every activation misses its place (they have other sizes).
   for (int s = 0; s < 6; ++s) {
-    pool.mark_step();
-    prog.step(1.5);
+    run_steps(pool, prog, 1, 1.5);
     pool.check_invariants();
   }
   auto c = pool.counters();
@@ -173,8 +187,7 @@ TEST(plan_steps, a_step_that_differs_drops_the_plan_and_records_again) {
   auto c1 = pool.counters();
   EXPECT_EQ(c1.plan_missed, c0.plan_missed);
   EXPECT_EQ(c1.pages_mapped, c0.pages_mapped);
-  for (auto& w : prog.weights) prog.give(w);
-  prog.give(prog.carried);
+  prog.finish();
   pool.check_invariants();
 }
 
@@ -182,10 +195,9 @@ TEST(plan_steps, steps_that_do_not_repeat_get_no_plan) {
   // Shapes that change every step (dynamic batches): the step after the
   // recorded one never makes the same requests, so no plan is laid out and
   // no page moves to a plan's address space.
-  auto dev = std::make_shared<host_page_device>(4 * GiB);
-  pool_resource pool(dev, nullptr, planned());
-  program prog{pool};
-  prog.setup();
+  planned_program t;
+  auto& pool = t.pool;
+  auto& prog = t.prog;
   for (int s = 0; s < 12; ++s) {
     pool.mark_step();
     prog.step(s % 2 ? 1.5 : 1.0);
@@ -194,20 +206,15 @@ TEST(plan_steps, steps_that_do_not_repeat_get_no_plan) {
   EXPECT_EQ(c.plans_made, 0u);
   EXPECT_EQ(c.plan_placed + c.plan_missed, 0u);
   EXPECT_EQ(c.plan_bytes, 0u);
-  for (auto& w : prog.weights) prog.give(w);
-  prog.give(prog.carried);
+  prog.finish();
   pool.check_invariants();
 }
 
 TEST(plan_steps, a_place_still_taken_falls_back_without_overlap) {
-  auto dev = std::make_shared<host_page_device>(4 * GiB);
-  pool_resource pool(dev, nullptr, planned());
-  program prog{pool};
-  prog.setup();
-  for (int s = 0; s < 5; ++s) {
-    pool.mark_step();
-    prog.step();
-  }
+  planned_program t;
+  auto& pool = t.pool;
+  auto& prog = t.prog;
+  run_steps(pool, prog, 5);
   // Keep this step's first activation past its free: the next step's first
   // request of that size finds its place taken.
   pool.mark_step();
@@ -224,8 +231,7 @@ TEST(plan_steps, a_place_still_taken_falls_back_without_overlap) {
     prog.step();
     pool.check_invariants();
   }
-  for (auto& w : prog.weights) prog.give(w);
-  prog.give(prog.carried);
+  prog.finish();
   EXPECT_EQ(pool.state().live_bytes, 0u);
   pool.check_invariants();
 }
@@ -247,10 +253,7 @@ TEST(plan_steps, another_stream_does_not_take_a_streams_places) {
   program prog{pool};
   prog.stream = 0x10;
   prog.setup();
-  for (int s = 0; s < 5; ++s) {
-    pool.mark_step();
-    prog.step();
-  }
+  run_steps(pool, prog, 5);
   prog.give(prog.carried);
   prog.carried.p = nullptr;
   prog.stream = 0x20;
@@ -261,9 +264,10 @@ TEST(plan_steps, another_stream_does_not_take_a_streams_places) {
   EXPECT_EQ(c1.plan_placed, c0.plan_placed);
   EXPECT_GT(c1.plan_missed, c0.plan_missed);
   pool.check_invariants();
-  prog.give(prog.carried);
+  prog.give(prog.carried);  // on the stream that took it
+  prog.carried.p = nullptr;
   prog.stream = 0x10;
-  for (auto& w : prog.weights) prog.give(w);
+  prog.finish();
   pool.check_invariants();
 }
 
@@ -283,8 +287,7 @@ TEST(plan_steps, without_the_option_marks_change_nothing) {
     auto c = pool.counters();
     EXPECT_EQ(c.plans_made + c.plan_placed + c.plan_missed, 0u);
     runs.push_back(all);
-    for (auto& w : prog.weights) prog.give(w);
-    prog.give(prog.carried);
+    prog.finish();
   }
   EXPECT_EQ(runs[0], runs[1]);
 }
