@@ -174,7 +174,9 @@ TEST(plan_steps, a_step_that_differs_drops_the_plan_and_records_again) {
   run_steps(pool, prog, 5);
   ASSERT_EQ(pool.counters().plans_made, 1u);
   // New shapes: every activation misses its place (they have other sizes).
-  for (int s = 0; s < 6; ++s) {
+  // The plan is dropped after the first of these steps; four steps of rest,
+  // then one recorded, one compared, and a new plan.
+  for (int s = 0; s < 9; ++s) {
     run_steps(pool, prog, 1, 1.5);
     pool.check_invariants();
   }
@@ -187,6 +189,23 @@ TEST(plan_steps, a_step_that_differs_drops_the_plan_and_records_again) {
   auto c1 = pool.counters();
   EXPECT_EQ(c1.plan_missed, c0.plan_missed);
   EXPECT_EQ(c1.pages_mapped, c0.pages_mapped);
+  prog.finish();
+  pool.check_invariants();
+}
+
+TEST(plan_steps, plans_that_keep_being_dropped_rest_longer_each_time) {
+  // Every fifth step differs: each plan is dropped soon after it is made. A
+  // plan made moves the step's pages once, so the pool rests 4, 8, 16, ...
+  // steps after each drop instead of planning again at once.
+  planned_program t;
+  auto& pool = t.pool;
+  auto& prog = t.prog;
+  for (int s = 0; s < 100; ++s) run_steps(pool, prog, 1, s % 5 == 4 ? 1.5 : 1.0);
+  const auto c = pool.counters();
+  // Without rest: a plan every five steps or so (about 20). With it: after
+  // drops at the first chances, rests of 4, 8, 16 and 32 steps.
+  EXPECT_GE(c.plans_dropped, 2u);
+  EXPECT_LE(c.plans_made, 5u) << c.plans_made << " plans, " << c.plans_dropped << " dropped";
   prog.finish();
   pool.check_invariants();
 }

@@ -90,7 +90,8 @@ struct pool_options {
   // Pages stay where they are from step to step, so no page moves once the
   // plan's pages are mapped. A request the plan does not know, or whose place
   // is taken, is placed as usual; a step where more than 5 % of the bytes
-  // missed their places drops the plan, and the next steps record a new one.
+  // missed their places drops the plan, and after some steps of rest (4, then
+  // 8, 16, ... 256 after later drops) the pool records a new one.
   // No chunks with it (they cannot move, and would pin the steps' memory
   // where the plan does not want it). With remap_own_slack 0, the suite's
   // GPT-2 trace held 1.020 of peak live at every lag in the host model.

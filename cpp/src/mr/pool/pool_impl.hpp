@@ -223,6 +223,7 @@ struct pool_resource::impl {
     phase ph = phase::off;
     std::uint64_t tick = 0;    // large requests and frees since the recorded step began
     std::uint64_t length = 0;  // ticks of the recorded step
+    std::size_t rest = 0;      // marks to wait, after a dropped plan, before recording again
     struct item {
       std::size_t size = 0;
       std::uint64_t t0 = 0, t1 = 0;  // requested, freed (0: not yet; past length: in the next step)

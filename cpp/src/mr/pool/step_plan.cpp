@@ -21,7 +21,8 @@
 //                   now is left out (weights, optimizer state: they stay where
 //                   they are)
 //   planned: each step's misses are counted; more than 5 % of its bytes and
-//                   the plan is dropped (recording starts again)
+//                   the plan is dropped: after 4, 8, 16, ... 256 steps of rest
+//                   (longer after each drop), recording starts again
 #include <algorithm>
 #include <vector>
 
@@ -37,6 +38,10 @@ void pool_resource::impl::mark_step() {
       P.ph = step_plan::phase::warming;
       break;
     case step_plan::phase::warming:
+      if (P.rest > 0) {  // resting after a dropped plan
+        --P.rest;
+        break;
+      }
       plan_record_start();
       break;
     case step_plan::phase::recording:
@@ -48,9 +53,15 @@ void pool_resource::impl::mark_step() {
       break;
     case step_plan::phase::planned:
       if (P.missed_bytes * 20 > P.step_bytes) {
+        // Each plan made moves the step's pages once: after a drop, rest 4,
+        // 8, 16, ... up to 256 steps before recording again, so that steps
+        // that keep changing do not pay for a new plan every few steps.
         ++ctr.plans_dropped;
         ctr.plan_bytes = 0;
-        plan_record_start();
+        P.rest = std::size_t{4} << std::min<std::size_t>(ctr.plans_dropped - 1, 6);
+        P.ph = step_plan::phase::warming;
+        P.by_size.clear();
+        P.seen.clear();
       } else {
         P.seen.clear();
         P.step_bytes = P.missed_bytes = 0;
