@@ -100,7 +100,7 @@ def _numbers(d: dict, keys=None) -> dict:
 
 PAGE_OP_KEYS = ("pages_created", "pages_mapped", "pages_unmapped", "map_calls", "pages_remapped",
                 "mappings_reused", "pages_destroyed", "pages_made_ahead", "pages_ahead_used",
-                "pages_taken_early", "early_waits",
+                "pages_taken_early", "early_waits", "plans_made", "plans_dropped", "plan_placed", "plan_missed",
                 "page_create_ns", "page_map_ns", "page_unmap_ns", "page_destroy_ns")
 
 
@@ -177,8 +177,12 @@ def run(workload: str, alloc: str, steps: int, warmup: int, seed: int, vramkit_c
         options = parse_vramkit_conf(vramkit_conf)
         for k, v in variant_options(alloc).items():
             options.setdefault(k, v)
-        vramkit.torch.use(**options)  # first: before PyTorch initializes CUDA
-        if str(options.get("plan_steps", "")).lower() in ("1", "true", "on", "yes"):
+        # With plan_steps the child marks each step itself (every workload, inference too), unless
+        # the variant says mark_steps:optimizer: then only the optimizer's steps mark, as in a user's
+        # training loop that calls nothing but use().
+        marks = options.pop("mark_steps", "manual")
+        vramkit.torch.use(mark_steps=marks, **options)  # first: before PyTorch initializes CUDA
+        if marks == "manual" and str(options.get("plan_steps", "")).lower() in ("1", "true", "on", "yes"):
             mark_step = vramkit.torch.mark_step  # each step begins there (its time counts in the step's)
         res["vramkit_conf"] = vramkit.torch.pool_conf(**options) or os.environ.get("VRAMKIT_ALLOC_CONF", "")
         res["vramkit_version"] = getattr(vramkit, "__version__", "?")
@@ -266,6 +270,8 @@ def run(workload: str, alloc: str, steps: int, warmup: int, seed: int, vramkit_c
         res["step_host"] = step_host
         res["loop_s"] = time.perf_counter() - t_loop  # steps and their inputs
         res["digest"] = [float(x).hex() for x in runner.digest()]
+        if is_vramkit(alloc):
+            res["step_marks"] = vramkit.torch.step_marks()
     except torch.cuda.OutOfMemoryError as e:
         res["oom"] = str(e).splitlines()[0][:300]
         res.update(caught.summary())

@@ -554,7 +554,10 @@ def test_out_of_memory_near_capacity_and_recovery():
 GPT2_CHILD = r"""
 import json, os, sys, time
 alloc = sys.argv[1] if len(sys.argv) > 1 else os.environ["VK_ALLOC"]
-plan = alloc == "vramkit-plan"  # step plans: each step marked, later steps placed where a recorded one went
+# Step plans: later steps placed where a recorded one went. "vramkit-plan" marks each step at the
+# top of the loop; "vramkit-plan-auto" calls nothing but use(): the optimizer's steps mark them.
+plan = alloc in ("vramkit-plan", "vramkit-plan-auto")
+manual_marks = alloc == "vramkit-plan"
 if alloc.startswith("vramkit"):
     import vramkit, vramkit.torch
     vramkit.torch.use(**({"plan_steps": True, "remap_own_slack": 0} if plan else {}))
@@ -584,7 +587,7 @@ losses = []
 page_ops = []  # with plan: the pool's pages mapped + unmapped by the end of each step
 t0 = time.perf_counter()
 for step in range(20):
-    if plan:
+    if manual_marks:
         vramkit.torch.mark_step()
     x = data[step].cuda()
     out = model(input_ids=x, labels=x)
@@ -601,6 +604,7 @@ res = {"alloc": alloc, "losses": losses, "seconds": time.perf_counter() - t0, "t
 if plan:
     res["page_ops"] = page_ops
     res["plan"] = {k: v for k, v in vramkit.get_current_resource().pool_counters().items() if k.startswith("plan")}
+    res["step_marks"] = vramkit.torch.step_marks()
 if alloc.startswith("vramkit"):
     res["peak_allocated"] = vramkit.max_memory_allocated()
     res["peak_reserved"] = vramkit.max_memory_reserved()
@@ -651,7 +655,26 @@ def test_gpt2_training_with_step_plans():
     assert np.allclose(lp, ld, rtol=0, atol=1e-5), f"losses differ: {summary}"
     assert r["plan"]["plans_made"] >= 1 and r["plan"]["plans_dropped"] == 0, summary
     assert r["plan"]["plan_placed"] > 0, summary
+    assert r["step_marks"]["source"] == "manual", summary
     assert ops[-1] == ops[3], f"pages moved after the plan was in force: {summary}"
+
+
+@needs("torch", "transformers")
+def test_gpt2_training_with_step_plans_marked_by_the_optimizer():
+    """plan_steps with nothing but use(): each AdamW step marks a step (20 marks in 20 steps), the
+    plan is made, and from the sixth step on no page is mapped or unmapped (the marks come after
+    each optimizer step, one step later in the loop than marks at its top)."""
+    env = {"CUBLAS_WORKSPACE_CONFIG": ":4096:8"}
+    r = child(GPT2_CHILD, env={**env, "VK_ALLOC": "vramkit-plan-auto"}, timeout=500)
+    ops = r["page_ops"]
+    summary = (f"step marks {r['step_marks']}; plan counters {r['plan']}; page ops by step {ops}; peak reserved "
+               f"{r['peak_reserved'] / MiB:.0f} MiB for {r['peak_allocated'] / MiB:.0f} MiB allocated")
+    print(summary)
+    assert r["step_marks"] == {"source": "optimizer", "marks": 20, "devices": [0]}, summary
+    assert r["plan"]["plans_made"] >= 1 and r["plan"]["plans_dropped"] == 0, summary
+    assert r["plan"]["plan_placed"] > 0, summary
+    assert ops[-1] == ops[5], f"pages moved after the plan was in force: {summary}"
+    assert r["peak_reserved"] <= 1.03 * r["peak_allocated"], summary
 
 
 # ============================================================ (5) CuPy and Numba kernels on vramkit memory

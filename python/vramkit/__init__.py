@@ -102,7 +102,12 @@ def mark_step(device=None) -> None:
     once, and places the same requests of later steps at the same addresses: no page moves once
     the plan is in force. Without it, or on an allocator other than vramkit's pool, nothing happens.
     """
+    _manual_marks[0] = True  # vramkit.torch's marks at optimizer steps give way to the program's own
     _vramkit.current_resource(device).mark_step()
+
+
+# Whether the program marks its steps itself (vramkit.mark_step or vramkit.torch.mark_step).
+_manual_marks = [False]
 
 
 def _stats(device=None) -> dict:

@@ -23,18 +23,20 @@ import ctypes
 import os
 import threading
 import warnings
+import weakref
 
 from . import _vramkit
 
 __all__ = ["use", "is_active", "stats", "record_stream", "library_path", "pool_conf", "pool",
-           "graph_pools", "hooks_available", "mark_step"]
+           "graph_pools", "hooks_available", "mark_step", "step_marks"]
 
 _ALLOC_FN = "vramkit_torch_alloc"
 _FREE_FN = "vramkit_torch_free"
 _RECORD_FN = "vramkit_torch_record_stream"
 
 _lock = threading.Lock()
-_state: dict = {"active": False, "conf": None, "allocator": None, "hooks": False}
+_state: dict = {"active": False, "conf": None, "allocator": None, "hooks": False, "marks": None}
+_MARK_SOURCES = ("optimizer", "manual")
 _shim_lib = None
 
 
@@ -197,13 +199,19 @@ def is_active() -> bool:
     return _state["active"]
 
 
-def use(**pool_options) -> None:
+def use(*, mark_steps: str = "optimizer", **pool_options) -> None:
     """Make vramkit PyTorch's CUDA allocator, for every device.
 
     Call it once, first: before PyTorch allocates CUDA memory or initializes CUDA.
 
     Parameters
     ----------
+    mark_steps
+        Where the steps of ``plan_steps`` begin (used only when the pool has that option):
+        ``"optimizer"`` (the default) marks one each time the program's first optimizer to
+        step on a CUDA device finishes a step, through PyTorch's global optimizer step hook;
+        ``"manual"`` leaves it to ``vramkit.torch.mark_step()``. A program that calls
+        ``mark_step()`` itself turns the optimizer's marks off from then on.
     **pool_options
         Pool settings, as ``VRAMKIT_ALLOC_CONF`` keys (``growth_slack=0.05``,
         ``release_threshold="2GiB"``, ``remap=False``, ...) plus ``upstream``
@@ -222,6 +230,9 @@ def use(**pool_options) -> None:
     ImportError
         PyTorch is not installed.
     """
+    if mark_steps not in _MARK_SOURCES:
+        raise ValueError(f"vramkit.torch.use(): mark_steps must be one of {', '.join(map(repr, _MARK_SOURCES))}, "
+                         f"not {mark_steps!r}")
     conf = pool_conf(**pool_options)
     with _lock:
         if _state["active"]:
@@ -263,7 +274,89 @@ def use(**pool_options) -> None:
         atexit.register(_at_exit)
         _refuse_ipc(torch)
         _plain_inductor_graphs()
-        _state.update(active=True, conf=conf, allocator=allocator)
+        marks = None
+        if mark_steps == "optimizer" and _plans_steps(conf or os.environ.get("VRAMKIT_ALLOC_CONF", "")):
+            marks = _OptimizerMarks.install(torch)
+        _state.update(active=True, conf=conf, allocator=allocator, marks=marks)
+
+
+def _plans_steps(conf: str) -> bool:
+    """Whether a ``VRAMKIT_ALLOC_CONF``-style string turns ``plan_steps`` on (the pool checks the
+    value when it is built; here a value it would refuse counts as off)."""
+    for item in conf.split(","):
+        key, _, value = item.partition(":")
+        if key.strip() == "plan_steps":
+            return value.strip().lower() in ("1", "true", "on", "yes")
+    return False
+
+
+class _OptimizerMarks:
+    """Marks a step of the pools each time the pacing optimizer finishes ``step()``.
+
+    The pacing optimizer is the first one to step whose parameters live on CUDA devices (a
+    program with several optimizers, such as a GAN's two, steps once per iteration on each: only
+    one may mark). When it is gone, the next optimizer to step takes its place. After
+    ``step()``, the optimizer's own temporaries are freed: the quietest point of a training step.
+    """
+
+    def __init__(self):
+        self.pacer = None       # weakref to the pacing optimizer
+        self.devices = ()       # the CUDA devices of its parameters
+        self.marks = 0
+        self.handle = None
+
+    @classmethod
+    def install(cls, torch):
+        marks = cls()
+        register = getattr(getattr(torch.optim, "optimizer", None), "register_optimizer_step_post_hook", None)
+        if register is None:
+            warnings.warn("vramkit.torch.use(): this PyTorch has no global optimizer step hook "
+                          "(torch.optim.optimizer.register_optimizer_step_post_hook), so plan_steps' steps are "
+                          "not marked by themselves; call vramkit.torch.mark_step() at the top of each step",
+                          RuntimeWarning, stacklevel=3)
+            return None
+        marks.handle = register(marks)
+        return marks
+
+    def remove(self) -> None:
+        if self.handle is not None:
+            self.handle.remove()
+            self.handle = None
+
+    def __call__(self, optimizer, args, kwargs) -> None:
+        from . import _manual_marks
+        if _manual_marks[0]:  # the program marks its steps itself
+            self.remove()
+            return
+        pacer = self.pacer() if self.pacer is not None else None
+        if pacer is None:
+            devices = sorted({p.device.index for group in optimizer.param_groups for p in group["params"]
+                              if p.device.type == "cuda" and p.device.index is not None})
+            if not devices:  # an optimizer of CPU parameters does not pace the GPU's steps
+                return
+            self.pacer, self.devices = weakref.ref(optimizer), tuple(devices)
+        elif pacer is not optimizer:
+            return
+        for d in self.devices:
+            _vramkit.current_resource(d).mark_step()
+        self.marks += 1
+
+
+def step_marks() -> dict:
+    """How the steps of ``plan_steps`` are marked in this process: ``source`` is ``"optimizer"``
+    (marked after each step of the pacing optimizer), ``"manual"`` (the program calls
+    ``mark_step()``) or ``"none"`` (vramkit is not PyTorch's allocator, or its pools do not plan
+    steps); ``marks`` counts the optimizer's marks, ``devices`` the devices they went to."""
+    from . import _manual_marks
+    m = _state["marks"]
+    if _manual_marks[0] or (m is None and _state["active"] and _plans_steps(
+            _state["conf"] or os.environ.get("VRAMKIT_ALLOC_CONF", ""))):
+        source = "manual"
+    elif m is not None:
+        source = "optimizer"
+    else:
+        source = "none"
+    return {"source": source, "marks": m.marks if m else 0, "devices": list(m.devices) if m else []}
 
 
 def stats(device=None) -> dict:
@@ -278,8 +371,9 @@ def stats(device=None) -> dict:
 
 def mark_step(device=None) -> None:
     """``vramkit.mark_step(device)`` for the pool PyTorch allocates from: call it at the top of each
-    training step (with ``use(plan_steps=True)``, later steps' tensors land where the recorded
-    step's did, with no page moves)."""
+    step (with ``use(plan_steps=True)``, later steps' tensors land where the recorded step's did,
+    with no page moves). Training loops need not: ``use()`` marks a step after each optimizer
+    step. The first call here turns those marks off, so that each step is marked once."""
     from . import mark_step as _mark
     _mark(None if device is None else _device_index(device))
 

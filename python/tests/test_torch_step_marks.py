@@ -1,0 +1,141 @@
+"""vramkit.torch's step marks for plan_steps: which optimizer paces the steps, and when the marks
+give way to the program's own.
+
+PyTorch is not installed on the CI machine (no GPU): these tests drive the hook with plain
+objects shaped like an optimizer (``param_groups`` of parameters with a ``device``), on a host
+pool. The GPU suite runs the same hook under real PyTorch training GPT-2
+(test_gpu_integrations.py, test_gpt2_training_with_step_plans_marked_by_the_optimizer).
+"""
+from __future__ import annotations
+
+import gc
+from types import SimpleNamespace
+
+import pytest
+
+import vramkit
+import vramkit.torch as vt
+from vramkit import _vramkit
+
+
+class Param:
+    def __init__(self, kind="cuda", index=0):
+        self.device = SimpleNamespace(type=kind, index=index)
+
+
+class Optimizer:
+    """What the hook reads of a torch.optim.Optimizer."""
+
+    def __init__(self, *params):
+        self.param_groups = [{"params": list(params)}]
+
+
+class Handle:
+    def __init__(self):
+        self.removed = False
+
+    def remove(self):
+        self.removed = True
+
+
+@pytest.fixture
+def plan_pool():
+    """A host pool with plan_steps as device 0's current resource; the manual-mark flag clear."""
+    previous = _vramkit.current_resource(0)
+    pool = vramkit.make_resource("pool:plan_steps:true", 0)
+    _vramkit.set_current_resource(pool, 0)
+    vramkit._manual_marks[0] = False
+    yield pool
+    _vramkit.set_current_resource(previous, 0)
+    vramkit._manual_marks[0] = False
+
+
+def one_step(pool, sizes=(12 << 20, 3 << 20, 20 << 20)):
+    ptrs = [pool.allocate(n) for n in sizes]
+    for p, n in zip(reversed(ptrs), reversed(sizes)):
+        pool.deallocate(p, n)
+    return ptrs
+
+
+def test_conf_strings_that_turn_plans_on():
+    assert vt._plans_steps("plan_steps:true")
+    assert vt._plans_steps("upstream=vmm,growth_slack:0.05,plan_steps:ON")
+    assert vt._plans_steps(" plan_steps : 1 ")
+    assert not vt._plans_steps("")
+    assert not vt._plans_steps("plan_steps:false,remap:true")
+    assert not vt._plans_steps("plan_steps:maybe")  # the pool refuses it when built; not on here
+    assert not vt._plans_steps("my_plan_steps:true")
+
+
+def test_use_refuses_an_unknown_mark_source_before_anything():
+    with pytest.raises(ValueError, match="mark_steps must be one of 'optimizer', 'manual', not 'epoch'"):
+        vt.use(mark_steps="epoch", plan_steps=True)
+    assert not vt.is_active()
+
+
+def test_the_pacing_optimizers_steps_make_the_pools_plan(plan_pool):
+    marks = vt._OptimizerMarks()
+    opt = Optimizer(Param(), Param())
+    seen = []
+    for _ in range(7):
+        seen.append(one_step(plan_pool))
+        marks(opt, (), {})  # after step(): the hook PyTorch calls
+    c = plan_pool.pool_counters()
+    assert marks.marks == 7 and marks.devices == (0,)
+    assert c["plans_made"] == 1 and c["plan_missed"] == 0 and c["plan_placed"] > 0
+    # marks after the step: the plan is laid out at the 4th mark, so the 5th step on is planned
+    assert seen[4] == seen[5] == seen[6] and seen[4] != seen[3]
+
+
+def test_only_one_optimizer_marks(plan_pool):
+    marks = vt._OptimizerMarks()
+    gen, disc = Optimizer(Param()), Optimizer(Param())
+    for _ in range(6):
+        one_step(plan_pool)
+        marks(disc, (), {})  # a GAN's two optimizers each step once an iteration: the first paces
+        marks(gen, (), {})
+    assert marks.marks == 6
+    assert marks.pacer() is disc
+    assert plan_pool.pool_counters()["plans_made"] == 1
+
+
+def test_an_optimizer_of_cpu_parameters_does_not_pace(plan_pool):
+    marks = vt._OptimizerMarks()
+    cpu, gpu = Optimizer(Param("cpu", None)), Optimizer(Param("cuda", 0))
+    marks(cpu, (), {})
+    assert marks.marks == 0 and marks.pacer is None
+    marks(gpu, (), {})
+    marks(cpu, (), {})
+    assert marks.marks == 1 and marks.pacer() is gpu
+
+
+def test_a_new_optimizer_paces_when_the_old_one_is_gone(plan_pool):
+    marks = vt._OptimizerMarks()
+    old = Optimizer(Param())
+    marks(old, (), {})
+    new = Optimizer(Param())
+    marks(new, (), {})
+    assert marks.marks == 1  # the old one still paces
+    del old
+    gc.collect()
+    marks(new, (), {})
+    assert marks.marks == 2 and marks.pacer() is new
+
+
+def test_the_programs_own_mark_turns_the_optimizers_off(plan_pool):
+    marks = vt._OptimizerMarks()
+    marks.handle = Handle()
+    opt = Optimizer(Param())
+    marks(opt, (), {})
+    vt.mark_step(0)  # the program marks its steps itself
+    assert vt.step_marks()["source"] == "manual"
+    marks(opt, (), {})
+    assert marks.marks == 1 and marks.handle is None
+    # each step was marked once: the pool saw the optimizer's first mark and the program's
+    plan_pool_counters = plan_pool.pool_counters()
+    assert plan_pool_counters["plans_made"] == 0
+
+
+def test_step_marks_without_pytorch_in_use():
+    vramkit._manual_marks[0] = False
+    assert vt.step_marks() == {"source": "none", "marks": 0, "devices": []}
