@@ -180,13 +180,26 @@ int main(int argc, char** argv) {
       step_first = std::strtoull(sp, &end, 10);
       if (*end == ',') step_period = std::strtoull(end + 1, nullptr, 10);
     }
+    // Driver time as an H100 charged it per handle (create 8.7 us, map 1.05 + set access 28.2,
+    // unmap 19.3, release 13.1), taken as the same for any handle size: a model, not a timing.
+    // A chunk (chunk_size) is one handle for all its pages.
+    const std::size_t per_chunk = pool.options().chunk_size / pool.page_size();
+    auto driver_ms = [per_chunk](const vramkit::pool_counters& c0, const vramkit::pool_counters& c1) {
+      const std::size_t cc = c1.chunks_created - c0.chunks_created, cr = c1.chunks_released - c0.chunks_released;
+      const double h_created = static_cast<double>(c1.pages_created - c0.pages_created - cc * per_chunk + cc),
+                   h_mapped = static_cast<double>(c1.pages_mapped - c0.pages_mapped - cc * per_chunk + cc),
+                   h_unmapped = static_cast<double>(c1.pages_unmapped - c0.pages_unmapped - cr * per_chunk + cr),
+                   h_destroyed = static_cast<double>(c1.pages_destroyed - c0.pages_destroyed - cr * per_chunk + cr);
+      return (8.7 * h_created + 29.25 * h_mapped + 19.3 * h_unmapped + 13.1 * h_destroyed) / 1000.0;
+    };
     auto sc = pool.counters();
     auto step_line = [&] {
       auto c = pool.counters();
-      std::printf("step %zu: mapped %zu unmapped %zu reserved %zu MiB peak_reserved %zu MiB plan placed %zu missed %zu made %zu dropped %zu\n",
+      std::printf("step %zu: mapped %zu unmapped %zu reserved %zu MiB peak_reserved %zu MiB plan placed %zu missed %zu made %zu dropped %zu driver_ms %.1f\n",
                   step_no++, c.pages_mapped - sc.pages_mapped, c.pages_unmapped - sc.pages_unmapped,
                   pool.state().reserved_bytes >> 20, pool.state().peak_reserved_bytes >> 20,
-                  c.plan_placed - sc.plan_placed, c.plan_missed - sc.plan_missed, c.plans_made, c.plans_dropped);
+                  c.plan_placed - sc.plan_placed, c.plan_missed - sc.plan_missed, c.plans_made, c.plans_dropped,
+                  driver_ms(sc, c));
       sc = c;
     };
     for (int pass = 0; pass < passes; ++pass) {
@@ -228,22 +241,13 @@ int main(int argc, char** argv) {
       const std::size_t created = c1.pages_created - c0.pages_created, mapped = c1.pages_mapped - c0.pages_mapped,
                         unmapped = c1.pages_unmapped - c0.pages_unmapped,
                         destroyed = c1.pages_destroyed - c0.pages_destroyed;
-      // Driver time as an H100 charged it per handle (create 8.7 us, map 1.05 + set access 28.2,
-      // unmap 19.3, release 13.1), taken as the same for any handle size: a model, not a timing.
-      // A chunk (chunk_size) is one handle for all its pages.
-      const std::size_t per_chunk = pool.options().chunk_size / pool.page_size();
       const std::size_t cc = c1.chunks_created - c0.chunks_created, cr = c1.chunks_released - c0.chunks_released;
-      const double h_created = static_cast<double>(created - cc * per_chunk + cc),
-                   h_mapped = static_cast<double>(mapped - cc * per_chunk + cc),
-                   h_unmapped = static_cast<double>(unmapped - cr * per_chunk + cr),
-                   h_destroyed = static_cast<double>(destroyed - cr * per_chunk + cr);
-      const double driver_ms = (8.7 * h_created + 29.25 * h_mapped + 19.3 * h_unmapped + 13.1 * h_destroyed) / 1000.0;
       std::printf("pass %d: created %zu mapped %zu unmapped %zu remapped %zu reused %zu destroyed %zu reserved %zu MiB "
                   "waits %zu chunks %zu/%zu early %zu/%zu driver_ms %.1f\n", pass,
                   created, mapped, unmapped, c1.pages_remapped - c0.pages_remapped,
                   c1.mappings_reused - c0.mappings_reused, destroyed, pool.state().reserved_bytes >> 20,
                   lag->waits - waits0, cc, cr, c1.pages_taken_early - c0.pages_taken_early,
-                  c1.early_waits - c0.early_waits, driver_ms);
+                  c1.early_waits - c0.early_waits, driver_ms(c0, c1));
     }
     auto c = pool.counters();
     std::printf("lag %zu: peak_reserved/peak_live %.4f waits %zu remapped %zu reclaims %zu%s\n",
