@@ -414,9 +414,9 @@ TEST(plan_steps, blocks_left_out_of_the_plan_keep_the_ranks_of_the_others) {
 
 TEST(plan_steps, a_step_of_too_many_large_requests_gets_no_plan) {
   // Laying a plan out takes time that grows with the square of its blocks:
-  // past 4,096 large requests a step the pool does not try.
+  // past 8,192 large requests a step the pool does not try.
   auto dev = std::make_shared<host_page_device>(64 * GiB);
-  for (std::size_t n : {4096u, 4097u}) {
+  for (std::size_t n : {8192u, 8193u}) {
     pool_resource p2(dev, nullptr, planned());
     for (int s = 0; s < 5; ++s) {
       p2.mark_step();
@@ -424,7 +424,7 @@ TEST(plan_steps, a_step_of_too_many_large_requests_gets_no_plan) {
       for (std::size_t i = 0; i < n; ++i) v.push_back(p2.allocate(MiB + 4096 * (i % 7 + 1), 0));
       for (void* p : v) p2.deallocate_checked(p, 0, 0);
     }
-    EXPECT_EQ(p2.counters().plans_made, n <= 4096 ? 1u : 0u) << n << " requests a step";
+    EXPECT_EQ(p2.counters().plans_made, n <= 8192 ? 1u : 0u) << n << " requests a step";
     p2.check_invariants();
   }
 }

@@ -173,23 +173,25 @@ bool pool_resource::impl::plan_build() {
         if (al[i] < bh[j] && bl[j] < ah[i]) return true;
     return false;
   };
-  std::vector<std::uint32_t> placed;
-  std::vector<std::pair<std::size_t, std::size_t>> taken;  // [off, end) of the placed blocks alive with the next
+  // The placed blocks in offset order: a walk up from offset 0 skips those
+  // living at other times and stops at the first gap wide enough (every
+  // block after it lies higher still).
+  std::vector<std::uint32_t> by_off;
+  by_off.reserve(order.size());
   std::size_t top = 0;
   for (std::uint32_t k : order) {
     auto& it = P.items[k];
-    taken.clear();
-    for (std::uint32_t j : placed)
-      if (overlap(it, P.items[j])) taken.emplace_back(P.items[j].off, P.items[j].off + P.items[j].size);
-    std::sort(taken.begin(), taken.end());
     std::size_t at = 0;
-    for (auto [lo, hi] : taken) {
-      if (lo >= at + it.size) break;
-      at = std::max(at, hi);
+    for (std::uint32_t j : by_off) {
+      const auto& o = P.items[j];
+      if (o.off >= at + it.size) break;
+      if (overlap(it, o)) at = std::max(at, o.off + o.size);
     }
     it.off = at;
     top = std::max(top, at + it.size);
-    placed.push_back(k);
+    auto pos = std::upper_bound(by_off.begin(), by_off.end(), at,
+                                [&](std::size_t off, std::uint32_t j) { return off < P.items[j].off; });
+    by_off.insert(pos, k);
   }
   // The plan's address space: from the first page past every live or pending
   // block of the large arena (the free pages above them, mapped or not, are
