@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <random>
+#include <tuple>
 #include <vector>
 
 #include "vramkit/mr/pool_resource.hpp"
@@ -440,4 +441,94 @@ TEST(plan_steps, a_pool_over_segments_ignores_marks) {
   }
   EXPECT_EQ(pool.counters().plans_made, 0u);
   pool.check_invariants();
+}
+
+TEST(plan_steps, chunks_only_before_the_first_mark_and_the_free_ones_go_back_there) {
+  // As when the optimizer's steps mark them: the program's first step runs
+  // before the first mark, in chunks (16 MiB handles: fewer driver calls).
+  // At the mark the chunks lying in free memory go back; no chunk is made
+  // after it; the plan then works as without chunks, in as little memory.
+  auto run = [](std::size_t chunk_size, std::vector<void*>* planned_addresses) {
+    auto dev = std::make_shared<host_page_device>(4 * GiB);
+    pool_options o = planned();
+    o.chunk_size = chunk_size;
+    pool_resource pool(dev, nullptr, o);
+    program prog{pool};
+    prog.setup();
+    prog.step();  // the cold step, unmarked
+    const auto cold = pool.counters();
+    pool.mark_step();
+    const auto marked = pool.counters();
+    pool.check_invariants();
+    for (int s = 0; s < 8; ++s) {
+      pool.mark_step();
+      auto c0 = pool.counters();
+      prog.step();
+      auto c1 = pool.counters();
+      pool.check_invariants();
+      EXPECT_EQ(c1.chunks_created, cold.chunks_created) << "step " << s << ": a chunk made after the first mark";
+      if (s >= 4) {
+        EXPECT_EQ(c1.pages_mapped, c0.pages_mapped) << "step " << s;
+        EXPECT_EQ(c1.pages_unmapped, c0.pages_unmapped) << "step " << s;
+      }
+    }
+    *planned_addresses = prog.addresses;
+    {  // growth after the first mark: single pages
+      const auto g0 = pool.counters();
+      void* big = pool.allocate(256 * MiB, 0);
+      EXPECT_GT(pool.counters().pages_created, g0.pages_created) << "the pool did not grow";
+      EXPECT_EQ(pool.counters().chunks_created, g0.chunks_created) << "a chunk made after the first mark";
+      pool.deallocate_checked(big, 256 * MiB, 0);
+    }
+    const auto c = pool.counters();
+    EXPECT_EQ(c.plans_made, 1u);
+    EXPECT_EQ(c.plans_dropped, 0u);
+    prog.finish();
+    pool.check_invariants();
+    // The driver charges per handle: a chunk is one for all its pages.
+    const std::size_t per_chunk = chunk_size / pool.page_size();
+    const std::size_t cold_handles =
+        cold.pages_created - cold.chunks_created * (per_chunk ? per_chunk - 1 : 0);
+    return std::tuple{cold, marked, pool.state().peak_reserved_bytes, cold_handles};
+  };
+  std::vector<void*> with_chunks, without;
+  auto [cold, marked, peak, handles] = run(16 * MiB, &with_chunks);
+  auto [cold0, marked0, peak0, handles0] = run(0, &without);
+  EXPECT_GT(cold.chunks_created, 0u) << "the cold step made no chunk";
+  EXPECT_EQ(cold0.chunks_created, 0u);
+  EXPECT_GT(marked.chunks_released, cold.chunks_released) << "no free chunk went back at the first mark";
+  EXPECT_LT(handles, handles0) << "chunks did not make the cold step's handles fewer";
+  // Blocks of the cold step living on (the step's last block) may keep a
+  // chunk's free part: at most one chunk more at the peak.
+  EXPECT_LE(peak, peak0 + 16 * MiB) << "the chunks left more memory reserved than single pages";
+}
+
+TEST(plan_steps, a_pool_never_marked_does_what_it_does_without_the_option) {
+  // plan_steps waits for the first mark: until then (a program that never
+  // marks, such as a server's loop) the pool is the pool without it, chunks
+  // included.
+  auto run = [](bool plan, std::vector<void*>* addresses) {
+    auto dev = std::make_shared<host_page_device>(4 * GiB);
+    pool_options o;
+    o.plan_steps = plan;
+    pool_resource pool(dev, nullptr, o);
+    program prog{pool};
+    prog.setup();
+    for (int s = 0; s < 6; ++s) {
+      prog.step(s % 2 ? 1.25 : 1.0);
+      addresses->insert(addresses->end(), prog.addresses.begin(), prog.addresses.end());
+    }
+    prog.finish();
+    pool.check_invariants();
+    return pool.counters();
+  };
+  std::vector<void*> a, b;
+  const auto on = run(true, &a), off = run(false, &b);
+  EXPECT_EQ(a, b);
+  EXPECT_EQ(on.chunks_created, off.chunks_created);
+  EXPECT_GT(on.chunks_created, 0u);
+  EXPECT_EQ(on.pages_mapped, off.pages_mapped);
+  EXPECT_EQ(on.pages_unmapped, off.pages_unmapped);
+  EXPECT_EQ(on.map_calls, off.map_calls);
+  EXPECT_EQ(on.plans_made, 0u);
 }

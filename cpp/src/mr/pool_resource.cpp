@@ -41,11 +41,9 @@ void pool_resource::impl::init_paged() {
   dev = pages->device();
   init_common();
   // Chunks of one page or less are single pages: no chunks (page_size may
-  // have been raised to or past the default chunk_size). No chunks with
-  // plan_steps either: a chunk cannot move, and the steps before a plan would
-  // leave memory pinned where the plan does not want it (the host model of
-  // the suite's GPT-2 trace: 1.039-1.080 of peak live with chunks, 1.020 without).
-  if (opt.chunk_size > page && !opt.plan_steps) {
+  // have been raised to or past the default chunk_size). With plan_steps,
+  // chunks only until the first mark (step_plan.cpp, plan_give_back_chunks).
+  if (opt.chunk_size > page) {
     if (opt.chunk_size % page)
       throw invalid_argument("chunk_size " + std::to_string(opt.chunk_size) + " must be a multiple of the page size (" +
                              std::to_string(page) + " bytes), or at most one page for none");

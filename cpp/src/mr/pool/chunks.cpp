@@ -62,7 +62,7 @@ bool pool_resource::impl::make_chunk_at(detail::arena* a, std::size_t c) {
 std::size_t pool_resource::impl::make_chunks(detail::arena* a, std::uintptr_t addr, std::size_t size,
                                              std::size_t need_live, std::size_t want,
                                              std::vector<std::size_t>& made) {
-  if (chunk < 2 || a->chunk_bits.empty() || want < chunk) return 0;
+  if (chunk < 2 || a->chunk_bits.empty() || want < chunk || !chunks_now()) return 0;
   const std::size_t lo = round_up(addr - a->base, page) / page;
   const std::size_t hi = (addr + size - a->base) / page;
   made.reserve(made.size() + want / chunk + 1);  // no allocation once a chunk is made
@@ -85,7 +85,7 @@ std::size_t pool_resource::impl::make_chunks(detail::arena* a, std::uintptr_t ad
 std::size_t pool_resource::impl::make_growth_chunk(block* b, std::size_t size, std::size_t need_live,
                                                    std::vector<std::size_t>& made) {
   detail::arena* a = b->ar;
-  if (chunk < 2 || a->chunk_bits.empty() || a->small) return 0;
+  if (chunk < 2 || a->chunk_bits.empty() || a->small || !chunks_now()) return 0;
   const std::size_t first = (b->addr - a->base) / page, last = (b->addr + size - 1 - a->base) / page;
   std::size_t covered = 0;
   bool before = false, after = false;

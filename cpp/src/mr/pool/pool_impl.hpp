@@ -170,6 +170,8 @@ struct pool_resource::impl {
   std::size_t make_growth_chunk(block* b, std::size_t size, std::size_t need_live, std::vector<std::size_t>& made);
   void recount_free(block* f) noexcept;
   bool empty_chunk_place(const detail::arena* a, std::size_t c) const;
+  // plan_steps: chunks only before the first mark (step_plan.cpp)
+  bool chunks_now() const noexcept { return plan.ph == step_plan::phase::off; }
   bool make_chunk_at(detail::arena* a, std::size_t c);
   void give_back_chunk(detail::arena* a, std::size_t c) noexcept;
 
@@ -244,6 +246,7 @@ struct pool_resource::impl {
   step_plan plan;
   void mark_step();
   void plan_record_start();
+  void plan_give_back_chunks() noexcept;
   bool plan_build();
   void plan_note_alloc(std::uintptr_t addr, std::size_t size) noexcept;
   void plan_note_free(std::uintptr_t addr, bool pending) noexcept;

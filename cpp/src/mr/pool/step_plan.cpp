@@ -8,7 +8,8 @@
 //
 // Phases, one per mark_step():
 //   off -> warming: the first marked step is not recorded (lazy inits, first
-//                   calls of libraries)
+//                   calls of libraries); the chunks made before it that lie
+//                   in free memory go back, and no more are made
 //   warming -> recording: each large request's size and tick (a count of
 //                   large requests and frees), and the tick of its free
 //   recording -> following: no more requests recorded; the recorded blocks'
@@ -35,7 +36,8 @@ void pool_resource::impl::mark_step() {
   auto& P = plan;
   switch (P.ph) {
     case step_plan::phase::off:
-      P.ph = step_plan::phase::warming;
+      P.ph = step_plan::phase::warming;  // from here on no chunk is made (chunks.cpp)
+      plan_give_back_chunks();
       break;
     case step_plan::phase::warming:
       if (P.rest > 0) {  // resting after a dropped plan
@@ -67,6 +69,44 @@ void pool_resource::impl::mark_step() {
         P.step_bytes = P.missed_bytes = 0;
       }
       break;
+  }
+}
+
+// At the first mark: the chunks lying wholly in free memory go back. Chunks
+// are made only before it (the program's start and, when the optimizer marks
+// the steps, its first step: single pages would cost that step about three
+// times the driver's time), and one left there would pin memory where later
+// steps' blocks, and the plan, do not want it: blocks placed over part of a
+// chunk keep the rest of it from moving (docs/BENCHMARKS.md section 1h). So
+// the driver's time for those pages moves to the next step, where single
+// pages are made. Only memory the GPU is done with goes: the pool waits for
+// the streams' work freed so far (not while a stream is being captured, when
+// it takes what is known done), and a failed wait gives nothing back.
+void pool_resource::impl::plan_give_back_chunks() noexcept {
+  if (!chunk_pages) return;
+  bool wait = true;
+  for (std::uint32_t i = 1; wait && i < slots.size(); ++i)
+    if (streams->capturing(slots[i].stream)) wait = false;
+  try {
+    reclaim_streams(wait);
+  } catch (...) {
+    return;
+  }
+  std::vector<block*> idle;
+  try {
+    for (block* b = slots[0].steal_head; b; b = b->snext) idle.push_back(b);
+  } catch (...) {
+    return;
+  }
+  for (block* b : idle) {
+    detail::arena* a = b->ar;
+    if (a->small || a->chunk_bits.empty()) continue;
+    const std::size_t lo = round_up(b->addr - a->base, page) / page, hi = (b->addr + b->size - a->base) / page;
+    for (std::size_t c = round_up(lo, chunk); c + chunk <= hi; c += chunk)
+      if (a->in_chunk(c)) {
+        give_back_chunk(a, c);
+        slots.pages_taken(b, chunk);
+      }
   }
 }
 
