@@ -532,3 +532,43 @@ TEST(plan_steps, a_pool_never_marked_does_what_it_does_without_the_option) {
   EXPECT_EQ(on.map_calls, off.map_calls);
   EXPECT_EQ(on.plans_made, 0u);
 }
+
+namespace {
+// A GPU behind the host until the pool waits; streams under capture on demand.
+struct lagging_streams final : stream_ops {
+  bool behind = true, capture = false;
+  event_id record(stream_t) override { return 1; }
+  bool done(event_id) override { return !behind; }
+  void wait(event_id) override { behind = false; }
+  void release(event_id) noexcept override {}
+  bool capturing(stream_t) noexcept override { return capture; }
+};
+}  // namespace
+
+TEST(plan_steps, chunks_wait_for_a_mark_that_can_wait_for_the_gpu) {
+  // The first mark comes while the stream is being captured: no wait, so
+  // the cold step's chunks, freed but not known done, stay. The next mark
+  // can wait, and gives them back.
+  auto dev = std::make_shared<host_page_device>(4 * GiB);
+  auto streams = std::make_shared<lagging_streams>();
+  pool_resource pool(dev, streams, planned());
+  program prog{pool};
+  prog.stream = 7;
+  prog.setup();
+  prog.step();
+  ASSERT_GT(pool.counters().chunks_created, 0u);
+  streams->capture = true;
+  pool.mark_step();
+  EXPECT_EQ(pool.counters().chunks_released, 0u) << "chunks given back without waiting for the GPU";
+  pool.check_invariants();
+  streams->capture = false;
+  pool.mark_step();
+  EXPECT_GT(pool.counters().chunks_released, 0u) << "the next mark did not give the chunks back";
+  pool.check_invariants();
+  const auto released = pool.counters().chunks_released;
+  prog.step();
+  pool.mark_step();
+  EXPECT_EQ(pool.counters().chunks_released, released) << "a later mark gave chunks back again";
+  prog.finish();
+  pool.check_invariants();
+}

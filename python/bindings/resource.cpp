@@ -135,6 +135,7 @@ void bind_resource(nb::module_& m) {
             d["page_unmap_ns"] = c.page_unmap_ns;
             d["page_destroy_ns"] = c.page_destroy_ns;
             d["page_size"] = p->page_size();
+            d["paged"] = p->paged();
             d["options"] = p->options().to_string();
             return d;
           })
@@ -146,6 +147,7 @@ void bind_resource(nb::module_& m) {
       .def("mark_step", [](device_resource& r) {
             if (pool_resource* p = find_pool(&r)) p->mark_step();
           },
+          nb::call_guard<nb::gil_scoped_release>(),  // the first mark may wait for the GPU
           "A step of the program begins: with the pool option plan_steps, the pool records a step and "
           "places later steps' requests where the recorded ones were (nothing otherwise).")
       .def("check_invariants", [](device_resource& r) {

@@ -14,6 +14,7 @@ simulated device in host memory (the ``host`` backend).
 from __future__ import annotations
 
 import atexit
+import sys as _sys
 
 from . import _vramkit
 from ._units import format_bytes
@@ -103,6 +104,9 @@ def mark_step(device=None) -> None:
     the plan is in force. Without it, or on an allocator other than vramkit's pool, nothing happens.
     """
     _manual_marks[0] = True  # vramkit.torch's marks at optimizer steps give way to the program's own
+    marks_from_torch = _sys.modules.get("vramkit.torch")
+    if marks_from_torch is not None:
+        marks_from_torch._manual_mark_seen()
     _vramkit.current_resource(device).mark_step()
 
 

@@ -35,7 +35,8 @@ _FREE_FN = "vramkit_torch_free"
 _RECORD_FN = "vramkit_torch_record_stream"
 
 _lock = threading.Lock()
-_state: dict = {"active": False, "conf": None, "allocator": None, "hooks": False, "marks": None}
+_state: dict = {"active": False, "conf": None, "allocator": None, "hooks": False, "marks": None,
+                "mark_steps": None, "plan_conf": ""}
 _MARK_SOURCES = ("optimizer", "manual")
 _shim_lib = None
 
@@ -199,7 +200,7 @@ def is_active() -> bool:
     return _state["active"]
 
 
-def use(*, mark_steps: str = "optimizer", **pool_options) -> None:
+def use(*, mark_steps: str | None = None, **pool_options) -> None:
     """Make vramkit PyTorch's CUDA allocator, for every device.
 
     Call it once, first: before PyTorch allocates CUDA memory or initializes CUDA.
@@ -211,7 +212,8 @@ def use(*, mark_steps: str = "optimizer", **pool_options) -> None:
         ``"optimizer"`` (the default) marks one each time the program's first optimizer to
         step on a CUDA device finishes a step, through PyTorch's global optimizer step hook;
         ``"manual"`` leaves it to ``vramkit.torch.mark_step()``. A program that calls
-        ``mark_step()`` itself turns the optimizer's marks off from then on.
+        ``mark_step()`` itself turns the optimizer's marks off from then on. Each device is
+        marked by the first optimizer to step with parameters on it.
     **pool_options
         Pool settings, as ``VRAMKIT_ALLOC_CONF`` keys (``growth_slack=0.05``,
         ``release_threshold="2GiB"``, ``remap=False``, ...) plus ``upstream``
@@ -230,7 +232,7 @@ def use(*, mark_steps: str = "optimizer", **pool_options) -> None:
     ImportError
         PyTorch is not installed.
     """
-    if mark_steps not in _MARK_SOURCES:
+    if mark_steps is not None and mark_steps not in _MARK_SOURCES:
         raise ValueError(f"vramkit.torch.use(): mark_steps must be one of {', '.join(map(repr, _MARK_SOURCES))}, "
                          f"not {mark_steps!r}")
     conf = pool_conf(**pool_options)
@@ -240,7 +242,12 @@ def use(*, mark_steps: str = "optimizer", **pool_options) -> None:
                 raise RuntimeError(
                     f"vramkit.torch.use() was already called (pool options {_state['conf']!r}); "
                     f"the pool cannot be changed to {conf!r} while PyTorch holds memory from it")
+            if mark_steps is not None and mark_steps != _state["mark_steps"]:
+                raise RuntimeError(
+                    f"vramkit.torch.use() was already called with mark_steps={_state['mark_steps']!r}; "
+                    f"it cannot change to {mark_steps!r}")
             return
+        mark_steps = mark_steps or "optimizer"
         _require_gpu()
         torch = _import_torch()
         if not torch.cuda.is_available():
@@ -274,40 +281,54 @@ def use(*, mark_steps: str = "optimizer", **pool_options) -> None:
         atexit.register(_at_exit)
         _refuse_ipc(torch)
         _plain_inductor_graphs()
+        # The pools start from VRAMKIT_ALLOC_CONF and take use()'s options over it.
+        plan_conf = os.environ.get("VRAMKIT_ALLOC_CONF", "") + "," + conf
         marks = None
-        if mark_steps == "optimizer" and _plans_steps(conf or os.environ.get("VRAMKIT_ALLOC_CONF", "")):
+        if mark_steps == "optimizer" and _plans_steps(plan_conf):
             marks = _OptimizerMarks.install(torch)
-        _state.update(active=True, conf=conf, allocator=allocator, marks=marks)
+        _state.update(active=True, conf=conf, allocator=allocator, marks=marks, mark_steps=mark_steps,
+                      plan_conf=plan_conf)
 
 
 def _plans_steps(conf: str) -> bool:
-    """Whether a ``VRAMKIT_ALLOC_CONF``-style string turns ``plan_steps`` on (the pool checks the
-    value when it is built; here a value it would refuse counts as off)."""
+    """Whether a ``VRAMKIT_ALLOC_CONF``-style string turns ``plan_steps`` on (the last mention
+    counts, as for the pool; a value the pool would refuse counts as off here)."""
+    on = False
     for item in conf.split(","):
         key, _, value = item.partition(":")
         if key.strip() == "plan_steps":
-            return value.strip().lower() in ("1", "true", "on", "yes")
-    return False
+            on = value.strip().lower() in ("1", "true", "on", "yes")
+    return on
+
+
+def _device_plans(device: int) -> bool:
+    """Whether the device's current resource is a paged pool with ``plan_steps`` on."""
+    c = _vramkit.current_resource(device).pool_counters()
+    return bool(c) and bool(c.get("paged", True)) and "plan_steps:true" in c.get("options", "")
 
 
 class _OptimizerMarks:
-    """Marks a step of the pools each time the pacing optimizer finishes ``step()``.
+    """Marks a step of a device's pool each time the optimizer pacing that device finishes
+    ``step()``.
 
-    The pacing optimizer is the first one to step whose parameters live on CUDA devices (a
-    program with several optimizers, such as a GAN's two, steps once per iteration on each: only
-    one may mark). When it is gone, the next optimizer to step takes its place. After
-    ``step()``, the optimizer's own temporaries are freed: the quietest point of a training step.
+    A device's pacing optimizer is the first to step with parameters on it: a program with
+    several optimizers over one device (a GAN's two) steps each once an iteration, and only one
+    may mark; one with an optimizer per device (pipeline stages in one process) gets each device
+    marked by its own. When a pacing optimizer is gone, the next optimizer to step on its device
+    takes its place. After ``step()`` the optimizer's temporaries are freed: the quietest point
+    of a training step. Steps taken while the current stream is being captured into a CUDA graph
+    mark nothing (the graph's replays would not mark either).
     """
 
-    def __init__(self):
-        self.pacer = None       # weakref to the pacing optimizer
-        self.devices = ()       # the CUDA devices of its parameters
+    def __init__(self, torch=None):
+        self.torch = torch
+        self.pacers: dict = {}  # device -> weakref to the optimizer pacing it
+        self.known = weakref.WeakKeyDictionary()  # optimizer -> its CUDA devices whose pools plan
         self.marks = 0
         self.handle = None
 
     @classmethod
     def install(cls, torch):
-        marks = cls()
         register = getattr(getattr(torch.optim, "optimizer", None), "register_optimizer_step_post_hook", None)
         if register is None:
             warnings.warn("vramkit.torch.use(): this PyTorch has no global optimizer step hook "
@@ -315,48 +336,73 @@ class _OptimizerMarks:
                           "not marked by themselves; call vramkit.torch.mark_step() at the top of each step",
                           RuntimeWarning, stacklevel=3)
             return None
+        marks = cls(torch)
         marks.handle = register(marks)
         return marks
 
     def remove(self) -> None:
+        """Unregisters the hook (never from inside it: PyTorch iterates over its hooks then)."""
         if self.handle is not None:
             self.handle.remove()
             self.handle = None
 
+    def _capturing(self) -> bool:
+        if self.torch is None:
+            return False
+        try:
+            return bool(self.torch.cuda.is_current_stream_capturing())
+        except Exception:  # noqa: BLE001 - no answer: take it as not capturing
+            return False
+
     def __call__(self, optimizer, args, kwargs) -> None:
         from . import _manual_marks
-        if _manual_marks[0]:  # the program marks its steps itself
-            self.remove()
+        if _manual_marks[0] or self._capturing():
             return
-        pacer = self.pacer() if self.pacer is not None else None
-        if pacer is None:
-            devices = sorted({p.device.index for group in optimizer.param_groups for p in group["params"]
-                              if p.device.type == "cuda" and p.device.index is not None})
-            if not devices:  # an optimizer of CPU parameters does not pace the GPU's steps
-                return
-            self.pacer, self.devices = weakref.ref(optimizer), tuple(devices)
-        elif pacer is not optimizer:
-            return
-        for d in self.devices:
-            _vramkit.current_resource(d).mark_step()
-        self.marks += 1
+        devices = self.known.get(optimizer)
+        if devices is None:
+            found = {p.device.index for group in optimizer.param_groups for p in group["params"]
+                     if p.device.type == "cuda" and p.device.index is not None}
+            devices = tuple(d for d in sorted(found) if _device_plans(d))
+            self.known[optimizer] = devices
+        marked = False
+        for d in devices:
+            ref = self.pacers.get(d)
+            pacer = ref() if ref is not None else None
+            if pacer is None:
+                self.pacers[d] = weakref.ref(optimizer)
+                pacer = optimizer
+            if pacer is optimizer:
+                _vramkit.current_resource(d).mark_step()
+                marked = True
+        if marked:
+            self.marks += 1
+
+    def devices(self) -> list:
+        return sorted(d for d, ref in self.pacers.items() if ref() is not None)
+
+
+def _manual_mark_seen() -> None:
+    """The program marked a step itself (``vramkit.mark_step``): the optimizer's marks stop."""
+    m = _state["marks"]
+    if m is not None:
+        m.remove()
 
 
 def step_marks() -> dict:
     """How the steps of ``plan_steps`` are marked in this process: ``source`` is ``"optimizer"``
-    (marked after each step of the pacing optimizer), ``"manual"`` (the program calls
-    ``mark_step()``) or ``"none"`` (vramkit is not PyTorch's allocator, or its pools do not plan
-    steps); ``marks`` counts the optimizer's marks, ``devices`` the devices they went to."""
+    (after each step of the pacing optimizers), ``"manual"`` (the program calls ``mark_step()``)
+    or ``"none"`` (vramkit is not PyTorch's allocator, or its pools do not plan steps);
+    ``marks`` counts the optimizer steps that marked, ``devices`` the devices they marked."""
     from . import _manual_marks
     m = _state["marks"]
-    if _manual_marks[0] or (m is None and _state["active"] and _plans_steps(
-            _state["conf"] or os.environ.get("VRAMKIT_ALLOC_CONF", ""))):
-        source = "manual"
-    elif m is not None:
-        source = "optimizer"
-    else:
+    plans = _state["active"] and _plans_steps(_state["plan_conf"])
+    if not plans:
         source = "none"
-    return {"source": source, "marks": m.marks if m else 0, "devices": list(m.devices) if m else []}
+    elif _manual_marks[0] or m is None:
+        source = "manual"
+    else:
+        source = "optimizer"
+    return {"source": source, "marks": m.marks if m else 0, "devices": m.devices() if m else []}
 
 
 def stats(device=None) -> dict:

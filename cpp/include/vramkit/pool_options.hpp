@@ -92,9 +92,11 @@ struct pool_options {
   // is taken, is placed as usual; a step where more than 5 % of the bytes
   // missed their places drops the plan, and after some steps of rest (4, then
   // 8, 16, ... 256 after later drops) the pool records a new one.
-  // No chunks with it (they cannot move, and would pin the steps' memory
-  // where the plan does not want it). With remap_own_slack 0, the suite's
-  // GPT-2 trace held 1.020 of peak live at every lag in the host model.
+  // Chunks only until the first mark: there the pool waits for the GPU and
+  // gives back the chunks lying wholly in free memory (a chunk cannot move,
+  // and would pin the steps' memory where the plan does not want it). With
+  // remap_own_slack 0, the suite's GPT-2 trace held 1.020-1.026 of peak live
+  // at every lag in the host model.
   bool plan_steps = false;
   // Virtual address space reserved per arena, as a multiple of the capacity.
   double va_factor = 2.0;

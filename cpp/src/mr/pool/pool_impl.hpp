@@ -227,6 +227,7 @@ struct pool_resource::impl {
     std::uint64_t tick = 0;    // large requests and frees since the recorded step began
     std::uint64_t length = 0;  // ticks of the recorded step
     std::size_t rest = 0;      // marks to wait, after a dropped plan, before recording again
+    bool chunks_to_give_back = false;  // the first mark's give-back could not wait for the GPU
     struct item {
       std::size_t size = 0;
       std::uint64_t t0 = 0, t1 = 0;  // requested, freed (0: not yet; past length: in the next step)
@@ -246,7 +247,7 @@ struct pool_resource::impl {
   step_plan plan;
   void mark_step();
   void plan_record_start();
-  void plan_give_back_chunks() noexcept;
+  bool plan_give_back_chunks() noexcept;
   bool plan_build();
   void plan_note_alloc(std::uintptr_t addr, std::size_t size) noexcept;
   void plan_note_free(std::uintptr_t addr, bool pending) noexcept;

@@ -34,10 +34,13 @@ namespace vramkit {
 void pool_resource::impl::mark_step() {
   if (!opt.plan_steps || upstream) return;
   auto& P = plan;
+  // The chunks go back at the first mark; when the pool could not wait for
+  // the GPU then, at the next marks until it could.
+  if (P.ph == step_plan::phase::off) P.chunks_to_give_back = true;
+  if (P.chunks_to_give_back) P.chunks_to_give_back = !plan_give_back_chunks();
   switch (P.ph) {
     case step_plan::phase::off:
       P.ph = step_plan::phase::warming;  // from here on no chunk is made (chunks.cpp)
-      plan_give_back_chunks();
       break;
     case step_plan::phase::warming:
       if (P.rest > 0) {  // resting after a dropped plan
@@ -80,23 +83,26 @@ void pool_resource::impl::mark_step() {
 // chunk keep the rest of it from moving (docs/BENCHMARKS.md section 1h). So
 // the driver's time for those pages moves to the next step, where single
 // pages are made. Only memory the GPU is done with goes: the pool waits for
-// the streams' work freed so far (not while a stream is being captured, when
-// it takes what is known done), and a failed wait gives nothing back.
-void pool_resource::impl::plan_give_back_chunks() noexcept {
-  if (!chunk_pages) return;
+// the streams' work freed so far (not while one of its streams is being
+// captured, when it takes what is known done). True when it could wait (the
+// chunks left are under live blocks); false to try again at the next mark.
+// (A program that captures its steps in CUDA graphs from another stream
+// should not mark while capturing: vramkit.torch's marks skip captures.)
+bool pool_resource::impl::plan_give_back_chunks() noexcept {
+  if (!chunk_pages) return true;
   bool wait = true;
   for (std::uint32_t i = 1; wait && i < slots.size(); ++i)
     if (streams->capturing(slots[i].stream)) wait = false;
   try {
     reclaim_streams(wait);
   } catch (...) {
-    return;
+    return false;
   }
   std::vector<block*> idle;
   try {
     for (block* b = slots[0].steal_head; b; b = b->snext) idle.push_back(b);
   } catch (...) {
-    return;
+    return false;
   }
   for (block* b : idle) {
     detail::arena* a = b->ar;
@@ -108,6 +114,7 @@ void pool_resource::impl::plan_give_back_chunks() noexcept {
         slots.pages_taken(b, chunk);
       }
   }
+  return wait;
 }
 
 void pool_resource::impl::plan_record_start() {
