@@ -43,8 +43,10 @@ struct at_stop {
   bool have_torch = false, have_pool = false;
 };
 
+// marks: op indices (ascending) before which a step begins (pool_resource::mark_step, for
+// plan_steps; nothing for other resources).
 profile run(const ops_array& a, device_resource& r, std::size_t points, std::int64_t stop, const nb::object& progress,
-            at_stop* seen) {
+            at_stop* seen, const std::vector<std::int64_t>& marks = {}) {
   if (a.shape(1) < 3) throw invalid_argument("ops must have columns action, id, size[, stream]");
   const std::size_t n = a.shape(0), w = a.shape(1);
   const std::int64_t* d = a.data();
@@ -61,8 +63,15 @@ profile run(const ops_array& a, device_resource& r, std::size_t points, std::int
   std::int64_t b_op = -1, b_live = 0;
   const std::size_t every = std::max<std::size_t>(n / 100, 1 << 16);
   const std::size_t end = stop >= 0 ? std::min<std::size_t>(n, static_cast<std::size_t>(stop) + 1) : n;
+  for (std::size_t k = 1; k < marks.size(); ++k)
+    if (marks[k] <= marks[k - 1]) throw invalid_argument("marks must be op indices in ascending order");
+  pool_resource* marked = marks.empty() ? nullptr : find_pool(&r);
+  std::size_t next_mark = 0;
+  while (next_mark < marks.size() && marks[next_mark] < 0) ++next_mark;
   for (std::size_t i = 0; i < end; ++i) {
     const std::int64_t* row = d + i * w;
+    for (; next_mark < marks.size() && static_cast<std::size_t>(marks[next_mark]) == i; ++next_mark)
+      if (marked) marked->mark_step();
     if (row[1] < 0 || row[2] < 0 || (row[0] != 0 && row[0] != 1))
       throw invalid_argument("op " + std::to_string(i) + ": bad row (action 0/1, id and size >= 0)");
     auto id = static_cast<std::size_t>(row[1]);
@@ -230,12 +239,12 @@ void bind_emul(nb::module_& m) {
     return nb::none();
   }, "resource"_a, "Segments of an emulation or a vramkit pool: dicts with blocks (addr, size, requested, allocated).");
   m.def("profile_trace", [](ops_array a, std::shared_ptr<device_resource> r, std::size_t points, std::int64_t stop,
-                            nb::object progress) {
+                            nb::object progress, std::vector<std::int64_t> marks) {
     profile p;
     at_stop seen;
     {
       nb::gil_scoped_release rel;
-      p = run(a, *r, points, stop, progress, stop >= 0 ? &seen : nullptr);
+      p = run(a, *r, points, stop, progress, stop >= 0 ? &seen : nullptr, marks);
     }
     nb::dict d;
     d["ops"] = p.ops;
@@ -256,8 +265,10 @@ void bind_emul(nb::module_& m) {
     if (seen.have_pool) d["segments"] = pool_segments(seen.pool);
     return d;
   }, "ops"_a, "resource"_a, "points"_a = 0, "stop"_a = -1, "progress"_a.none() = nb::none(),
+        "marks"_a = std::vector<std::int64_t>{},
         "One pass of int64 rows (action, id, size[, stream]) through a fresh resource: peak reserved and the op "
         "where it is reached, OOMs and the first one, and a curve of `points` buckets (the highest point of each, "
         "so the peak is exact). With stop >= 0 it ends after that op and adds 'segments': the segments and "
-        "blocks at that moment (PyTorch emulations and vramkit pools).");
+        "blocks at that moment (PyTorch emulations and vramkit pools). marks: op indices, ascending, before "
+        "which a step begins (a vramkit pool's mark_step, for plan_steps).");
 }

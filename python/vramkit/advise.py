@@ -24,6 +24,23 @@ DEFAULT_CANDIDATES = (
 #: What `replay` and `report` add to their default comparison.
 TORCH_DEFAULTS = ("torch-default", "torch-expandable")
 
+#: What `vramkit advise` adds to its defaults when the trace repeats a step (a training loop):
+#: the pool with step plans, each step marked where the trace's steps begin.
+PLAN_CANDIDATE = "vramkit:plan_steps:true,remap_own_slack:0"
+
+
+def plans_steps(spec: str) -> bool:
+    """Whether a vramkit spec turns the pool option ``plan_steps`` on (its last mention counts)."""
+    kind, _, opts = spec.partition(":")
+    if kind not in ("vramkit", "pool"):
+        return False
+    on = False
+    for item in opts.split(","):
+        key, _, value = item.partition(":")
+        if key.strip() == "plan_steps":
+            on = value.strip().lower() in ("1", "true", "on", "yes")
+    return on
+
 
 def is_torch(spec: str) -> bool:
     from . import _vramkit
@@ -70,26 +87,40 @@ def config_line(spec: str) -> str:
         return line
     kind, _, opts = spec.partition(":")
     if kind in ("vramkit", "pool"):
-        args = ", ".join(f"{k}={v}" for k, v in (o.split(":", 1) for o in opts.split(",") if ":" in o))
+        args = ", ".join(f"{k}={_py_value(v)}" for k, v in (o.split(":", 1) for o in opts.split(",") if ":" in o))
         return f"import vramkit.torch; vramkit.torch.use({args})  # before the first CUDA tensor"
     return spec
 
 
+def _py_value(text: str) -> str:
+    """A pool option's value as Python source: True/False, a number, or a quoted string."""
+    low = text.strip().lower()
+    if low in ("true", "false"):
+        return low.capitalize()
+    try:
+        float(text)
+        return text.strip()
+    except ValueError:
+        return repr(text.strip())
+
+
 def profile(ops, spec: str, capacity: int | None, points: int = 0,
             progress: Callable[[int, int], None] | None = None, stop: int = -1,
-            segment_addresses=None) -> dict[str, Any]:
+            segment_addresses=None, marks=None) -> dict[str, Any]:
     """One pass of ``ops`` (int64 rows action, id, size, stream) through a fresh ``spec``.
 
     ``segment_addresses`` (PyTorch emulations only): the addresses a real run's cudaMalloc calls
     returned, in order; the emulation places its segments there instead of at increasing addresses
-    (see ``torch_set_segment_addresses``)."""
+    (see ``torch_set_segment_addresses``). ``marks``: op indices, ascending, where a step begins
+    (``mark_step`` on a vramkit pool, for ``plan_steps``; see ``vramkit.trace.steps``)."""
     from . import _vramkit
     r = make_resource(spec, capacity)
     if segment_addresses is not None:
         if not is_torch(spec):
             raise ValueError(f"{spec}: segment addresses apply to PyTorch emulations only")
         _vramkit.torch_set_segment_addresses(r, [int(a) for a in segment_addresses])
-    d = dict(_vramkit.profile_trace(ops, r, points, stop, progress))
+    marks = [] if marks is None else [int(x) for x in marks]
+    d = dict(_vramkit.profile_trace(ops, r, points, stop, progress, marks))
     d["allocator"] = spec
     d["config"] = config_line(spec)
     d["fits"] = d["ooms"] == 0
@@ -103,13 +134,26 @@ def profile(ops, spec: str, capacity: int | None, points: int = 0,
     return d
 
 
-def advise(ops, candidates, capacity: int | None, progress_for=None) -> dict[str, Any]:
-    """Profiles every candidate; returns rows and a one-line recommendation."""
+def advise(ops, candidates, capacity: int | None, progress_for=None, add_plans: bool = False) -> dict[str, Any]:
+    """Profiles every candidate; returns rows and a one-line recommendation.
+
+    Candidates with ``plan_steps`` get their steps marked where the trace's repeating step begins
+    (``vramkit.trace.steps.find_steps``; none found: no marks, the pool without plans). With
+    ``add_plans``, a trace that repeats a step also gets ``PLAN_CANDIDATE``. ``steps`` in the
+    result: the step found (period in allocation requests, marks), or None."""
+    from .trace.steps import find_steps
+    candidates = list(candidates)
+    steps = find_steps(ops) if add_plans or any(plans_steps(c) for c in candidates) else None
+    if add_plans and steps is not None and PLAN_CANDIDATE not in candidates:
+        candidates.append(PLAN_CANDIDATE)
     rows = []
     for spec in candidates:
         cb = progress_for(spec) if progress_for else None
-        rows.append(profile(ops, spec, capacity, progress=cb))
-    return {"capacity": capacity, "rows": rows, "recommendation": recommend(rows, capacity)}
+        marks = steps.marks if steps is not None and plans_steps(spec) else None
+        rows.append(profile(ops, spec, capacity, progress=cb, marks=marks))
+        rows[-1]["marked_steps"] = len(marks) if marks is not None else 0
+    found = None if steps is None else {"period": steps.period, "marks": steps.count, "matched": steps.matched}
+    return {"capacity": capacity, "rows": rows, "recommendation": recommend(rows, capacity), "steps": found}
 
 
 def recommend(rows: list[dict[str, Any]], capacity: int | None) -> str:

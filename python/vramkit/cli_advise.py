@@ -6,7 +6,7 @@ import sys
 
 
 def cmd_advise(args) -> int:
-    from .advise import DEFAULT_CANDIDATES, advise, make_resource, progress_printer, table
+    from .advise import DEFAULT_CANDIDATES, advise, make_resource, plans_steps, progress_printer, table
     import numpy as np
     from ._cli_common import CliError, _load, _parse_capacity
     capacity = _parse_capacity(args.capacity)
@@ -22,7 +22,7 @@ def cmd_advise(args) -> int:
     ops = np.ascontiguousarray(trace.ops, dtype=np.int64)
     show = not args.json and not args.no_progress and sys.stderr.isatty()
     try:
-        result = advise(ops, specs, capacity, progress_printer(trace.name, show))
+        result = advise(ops, specs, capacity, progress_printer(trace.name, show), add_plans=not args.allocator)
     except (ValueError, RuntimeError) as e:
         raise CliError(f"{trace.name}: {e}") from None
     if show:
@@ -36,6 +36,14 @@ def cmd_advise(args) -> int:
     print(f"{trace.name}: {len(ops)} ops{cap}; floor (peak of live requested bytes): "
           f"{result['rows'][0]['peak_live_bytes'] / 2**30:.2f} GiB\n")
     print(table(result))
+    steps = result["steps"]
+    planned = [r["allocator"] for r in result["rows"] if plans_steps(r["allocator"])]
+    if steps is not None and planned:
+        print(f"\nsteps: the trace repeats a step of {steps['period']} allocation requests; {', '.join(planned)} "
+              f"marked {steps['marks']} steps there, as vramkit.torch.use(plan_steps=True) marks one at each "
+              "optimizer step")
+    elif planned:
+        print(f"\nsteps: no repeating step found in the trace; {', '.join(planned)} ran unmarked (no plan)")
     print(f"\nrecommendation: {result['recommendation']}")
     return 0
 

@@ -1,0 +1,109 @@
+"""Finding the repeating step of a trace: where a training or serving loop's steps begin.
+
+A loop that repeats the same step makes the same allocation requests (by size, in order) each
+step. ``find_steps`` looks for the shortest period, in allocation requests, at which a long part of
+the trace repeats itself, and gives the op indices where each step of that period begins (the
+marks ``vramkit.mark_step()`` would get, for the pool option ``plan_steps``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+#: Allocations a window of the trace's end holds while looking for earlier copies of it.
+WINDOW = 64
+#: Steps the period must span at the least (the first step of a program usually differs: lazy
+#: initialisation, optimizer state).
+MIN_STEPS = 4
+#: Share of the requests in the checked region that must equal the request a period earlier.
+MIN_MATCH = 0.98
+#: Candidate periods checked, shortest first.
+MAX_CANDIDATES = 64
+
+_R = np.uint64(0x9E3779B97F4A7C15)  # odd: invertible modulo 2**64
+_R_INV = np.uint64(pow(int(_R), -1, 1 << 64))
+
+
+@dataclass(frozen=True)
+class Steps:
+    """A repeating step: ``period`` allocation requests a step, each step beginning at an op of
+    ``marks`` (ascending op indices); ``matched`` is the share of the checked requests equal to
+    the one a period earlier."""
+    period: int
+    marks: np.ndarray
+    matched: float
+
+    @property
+    def count(self) -> int:
+        return len(self.marks)
+
+
+def _window_hashes(sizes: np.ndarray, w: int) -> np.ndarray:
+    """A hash of every window of ``w`` consecutive values (polynomial, modulo 2**64)."""
+    n = len(sizes)
+    with np.errstate(over="ignore"):
+        k = np.arange(n, dtype=np.uint64)
+        pw = np.cumprod(np.concatenate(([np.uint64(1)], np.full(n - 1, _R, dtype=np.uint64)))) if n else k
+        inv = np.cumprod(np.concatenate(([np.uint64(1)], np.full(n - 1, _R_INV, dtype=np.uint64)))) if n else k
+        prefix = np.concatenate(([np.uint64(0)], np.cumsum(sizes.astype(np.uint64) * pw, dtype=np.uint64)))
+        return (prefix[w:] - prefix[:-w]) * inv[: n - w + 1]
+
+
+def _steady_run(sizes: np.ndarray, period: int) -> tuple[int, int, float]:
+    """The longest run of whole periods (cut from allocation 0) whose requests equal the ones a
+    period earlier for at least ``MIN_MATCH`` of them: (first allocation, length, share matched)."""
+    m = len(sizes)
+    eq = np.zeros(m, dtype=bool)
+    eq[period:] = sizes[period:] == sizes[:-period]
+    chunks = m // period
+    share = eq[:chunks * period].reshape(chunks, period).mean(axis=1)
+    ok = share >= MIN_MATCH
+    best = (0, 0, 0.0)
+    k = 0
+    while k < chunks:
+        if not ok[k]:
+            k += 1
+            continue
+        j = k
+        while j < chunks and ok[j]:
+            j += 1
+        if (j - k) * period > best[1]:
+            best = (k * period, (j - k) * period, float(share[k:j].mean()))
+        k = j
+    return best
+
+
+def find_steps(ops) -> Steps | None:
+    """The trace's repeating step, or None when the trace does not repeat itself (shapes that
+    change from step to step, or too few steps). ``ops``: int64 rows (action, id, size[, stream])
+    as ``vramkit.cli.replay_ops`` gives them.
+
+    Candidate periods are the distances to earlier copies of windows of ``WINDOW`` requests taken
+    across the trace's second half; the shortest one under which a run of at least
+    ``MIN_STEPS - 1`` periods and 40 % of the trace's requests equals the requests a period
+    earlier (``MIN_MATCH`` of them, period by period) is the step. A layer's period repeats only
+    within a pass over the layers, far less than that: it is never taken for the step's."""
+    ops = np.asarray(ops)
+    if ops.ndim != 2 or ops.shape[1] < 3 or len(ops) == 0:
+        return None
+    alloc_at = np.nonzero(ops[:, 0] == 0)[0]
+    sizes = ops[alloc_at, 2].astype(np.int64)
+    m = len(sizes)
+    if m < MIN_STEPS * WINDOW:
+        return None
+    hashes = _window_hashes(sizes, WINDOW)
+    candidates: set[int] = set()
+    for frac in (0.5, 0.6, 0.7, 0.8, 0.9, 1.0):
+        at = min(int(frac * m), m - WINDOW)
+        earlier = np.nonzero(hashes[:at] == hashes[at])[0]
+        for e in earlier[::-1][:MAX_CANDIDATES // 4]:
+            candidates.add(int(at - e))
+    for period in sorted(candidates)[:MAX_CANDIDATES]:
+        if period * MIN_STEPS > m:
+            break
+        first, length, matched = _steady_run(sizes, period)
+        if length >= max((MIN_STEPS - 1) * period, int(0.4 * m)):
+            phase = first % period
+            return Steps(period, alloc_at[np.arange(phase, m, period)].astype(np.int64), matched)
+    return None
