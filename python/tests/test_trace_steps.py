@@ -180,3 +180,17 @@ def test_the_advise_command_shows_the_steps(tmp_path):
                         "vramkit:plan_steps:true", str(path)], capture_output=True, text=True)
     assert q.returncode == 0, q.stderr
     assert "marked" in q.stdout and "vramkit.torch.use(plan_steps=True)" in q.stdout
+
+
+def test_a_long_trace_is_searched_from_its_end(monkeypatch):
+    import vramkit.trace.steps as steps_mod
+    ops = training(layers=40)
+    whole = find_steps(ops)
+    monkeypatch.setattr(steps_mod, "MAX_REQUESTS", 1200)  # the last ~5 steps only
+    tail = steps_mod.find_steps(ops)
+    assert tail is not None and tail.period == whole.period
+    # marks over the whole trace, a period apart, from its first period on
+    allocs = np.nonzero(ops[:, 0] == 0)[0]
+    at = np.searchsorted(allocs, tail.marks)
+    assert at[0] < tail.period and (np.diff(at) == tail.period).all()
+    assert at[-1] + tail.period >= len(allocs)

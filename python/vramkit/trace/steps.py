@@ -20,6 +20,9 @@ MIN_STEPS = 4
 MIN_MATCH = 0.98
 #: Candidate periods checked, shortest first.
 MAX_CANDIDATES = 64
+#: Requests looked at: the trace's last ones (a loop's steps repeat to its end; this bounds the
+#: search's memory, about 50 bytes a request).
+MAX_REQUESTS = 1 << 22
 
 _R = np.uint64(0x9E3779B97F4A7C15)  # odd: invertible modulo 2**64
 _R_INV = np.uint64(pow(int(_R), -1, 1 << 64))
@@ -88,7 +91,8 @@ def find_steps(ops) -> Steps | None:
     if ops.ndim != 2 or ops.shape[1] < 3 or len(ops) == 0:
         return None
     alloc_at = np.nonzero(ops[:, 0] == 0)[0]
-    sizes = ops[alloc_at, 2].astype(np.int64)
+    base = max(0, len(alloc_at) - MAX_REQUESTS)
+    sizes = ops[alloc_at[base:], 2].astype(np.int64)
     m = len(sizes)
     if m < MIN_STEPS * WINDOW:
         return None
@@ -104,6 +108,6 @@ def find_steps(ops) -> Steps | None:
             break
         first, length, matched = _steady_run(sizes, period)
         if length >= max((MIN_STEPS - 1) * period, int(0.4 * m)):
-            phase = first % period
-            return Steps(period, alloc_at[np.arange(phase, m, period)].astype(np.int64), matched)
+            phase = (base + first) % period
+            return Steps(period, alloc_at[np.arange(phase, len(alloc_at), period)].astype(np.int64), matched)
     return None
