@@ -22,6 +22,7 @@
 // VKSYNC=F,P: the host waits for the GPU before operation F and every P
 // operations after it (a training loop's synchronize at each step's end).
 // VKSTEP=F,P: mark_step before operation F and every P after it (plan_steps).
+// VKWATCH=F,P: the same step lines, without marking (plan_steps finding the steps itself).
 // VKGROW=1: each growth of the last pass (VKGROWALL: of every pass), with
 // where the mapped pages lie (chunk pages a live block holds among them).
 struct lag_streams : vramkit::stream_ops {
@@ -175,7 +176,9 @@ int main(int argc, char** argv) {
     // VKSTEP=first,period: a step begins there (pool_resource::mark_step, for plan_steps), with a
     // line per step: pages mapped and unmapped in the step, reserved at its end, plan counters.
     std::size_t step_first = 0, step_period = 0, step_no = 0;
-    if (const char* sp = std::getenv("VKSTEP")) {
+    // VKWATCH=first,period: the same lines without marking (steps the pool finds itself).
+    const bool watch_only = std::getenv("VKWATCH") != nullptr;
+    if (const char* sp = std::getenv(watch_only ? "VKWATCH" : "VKSTEP")) {
       char* end = nullptr;
       step_first = std::strtoull(sp, &end, 10);
       if (*end == ',') step_period = std::strtoull(end + 1, nullptr, 10);
@@ -215,7 +218,7 @@ int main(int argc, char** argv) {
           const std::size_t i = static_cast<std::size_t>(&t - ops.data());
           if (i >= step_first && (i - step_first) % step_period == 0) {
             step_line();
-            pool.mark_step();
+            if (!watch_only) pool.mark_step();
           }
         }
         if (t.action == 0) {
@@ -253,6 +256,9 @@ int main(int argc, char** argv) {
     std::printf("lag %zu: peak_reserved/peak_live %.4f waits %zu remapped %zu reclaims %zu%s\n",
                 lag->lag, double(pool.state().peak_reserved_bytes) / double(peak_live), lag->waits, c.pages_remapped,
                 c.stream_reclaims, check ? (" unsafe_unmaps " + std::to_string(check->unsafe)).c_str() : "");
+    if (pool.options().plan_steps)
+      std::printf("plans made %zu dropped %zu placed %zu missed %zu; steps found %zu, period %zu large requests\n",
+                  c.plans_made, c.plans_dropped, c.plan_placed, c.plan_missed, c.steps_found, c.step_period);
     pool.check_invariants();
     return 0;
   }

@@ -503,10 +503,11 @@ TEST(plan_steps, chunks_only_before_the_first_mark_and_the_free_ones_go_back_the
   EXPECT_LE(peak, peak0 + 16 * MiB) << "the chunks left more memory reserved than single pages";
 }
 
-TEST(plan_steps, a_pool_never_marked_does_what_it_does_without_the_option) {
+TEST(plan_steps, a_pool_never_marked_is_the_pool_without_the_option_until_steps_are_found) {
   // plan_steps waits for the first mark: until then (a program that never
   // marks, such as a server's loop) the pool is the pool without it, chunks
-  // included.
+  // included, until it finds the program's steps itself (not before 8,192
+  // large requests; here 6 steps of 17).
   auto run = [](bool plan, std::vector<void*>* addresses) {
     auto dev = std::make_shared<host_page_device>(4 * GiB);
     pool_options o;
@@ -571,4 +572,120 @@ TEST(plan_steps, chunks_wait_for_a_mark_that_can_wait_for_the_gpu) {
   EXPECT_EQ(pool.counters().chunks_released, released) << "a later mark gave chunks back again";
   prog.finish();
   pool.check_invariants();
+}
+
+namespace {
+// A deeper training step for the pool's own search (which waits for 8,192
+// large requests): a forward pass over `layers` identical layers keeping
+// their activations, a backward pass freeing them with gradients, and the
+// optimizer's temporaries; `scale` changes the activations' sizes.
+std::vector<void*> deep_step(pool_resource& pool, int layers, double scale = 1.0, double unit = 1.0) {
+  std::vector<void*> addresses;
+  std::vector<std::pair<void*, std::size_t>> acts;
+  for (int l = 0; l < layers; ++l)
+    for (std::size_t mib : {3, 6, 2, 4}) {
+      const auto n = static_cast<std::size_t>(static_cast<double>(mib * MiB) * scale * unit);
+      acts.emplace_back(pool.allocate(n, 0), n);
+      addresses.push_back(acts.back().first);
+    }
+  void* grad = nullptr;
+  for (auto it = acts.rbegin(); it != acts.rend(); ++it) {
+    void* g = pool.allocate(2 * MiB, 0);
+    addresses.push_back(g);
+    if (grad) pool.deallocate_checked(grad, 2 * MiB, 0);
+    grad = g;
+    pool.deallocate_checked(it->first, it->second, 0);
+  }
+  pool.deallocate_checked(grad, 2 * MiB, 0);
+  for (int k = 0; k < 3; ++k) {
+    void* t = pool.allocate(5 * MiB, 0);
+    addresses.push_back(t);
+    pool.deallocate_checked(t, 5 * MiB, 0);
+  }
+  return addresses;
+}
+}  // namespace
+
+TEST(plan_steps, a_program_that_never_marks_gets_its_steps_found) {
+  auto dev = std::make_shared<host_page_device>(8 * GiB);
+  pool_resource pool(dev, nullptr, planned());
+  void* weights = pool.allocate(64 * MiB, 0);
+  const int layers = 40;  // 40 x 4 + 160 + 3 = 323 large requests a step
+  std::vector<std::vector<void*>> seen;
+  std::vector<pool_counters> after;
+  for (int s = 0; s < 50; ++s) {
+    seen.push_back(deep_step(pool, layers));
+    after.push_back(pool.counters());
+    pool.check_invariants();
+  }
+  const auto c = pool.counters();
+  EXPECT_EQ(c.steps_found, 1u);
+  EXPECT_EQ(c.step_period, 323u) << "not the step's period (a layer's is 4)";
+  EXPECT_EQ(c.plans_made, 1u);
+  EXPECT_EQ(c.plans_dropped, 0u);
+  // The last ten steps: every request at its planned place, no page moved.
+  for (int s = 40; s < 50; ++s) {
+    EXPECT_EQ(after[s].pages_mapped, after[s - 1].pages_mapped) << "step " << s;
+    EXPECT_EQ(after[s].pages_unmapped, after[s - 1].pages_unmapped) << "step " << s;
+    EXPECT_EQ(after[s].plan_missed, after[s - 1].plan_missed) << "step " << s;
+  }
+  EXPECT_EQ(seen[48], seen[49]);
+  pool.deallocate_checked(weights, 64 * MiB, 0);
+  pool.check_invariants();
+}
+
+TEST(plan_steps, steps_whose_shapes_change_find_no_period) {
+  auto dev = std::make_shared<host_page_device>(8 * GiB);
+  pool_resource pool(dev, nullptr, planned());
+  std::mt19937 rng(3);
+  for (int s = 0; s < 60; ++s) deep_step(pool, 40, 0.5 + (rng() % 8) / 8.0);
+  EXPECT_EQ(pool.counters().steps_found, 0u);
+  EXPECT_EQ(pool.counters().plans_made, 0u);
+  pool.check_invariants();
+}
+
+TEST(plan_steps, the_programs_first_mark_ends_the_search) {
+  auto dev = std::make_shared<host_page_device>(8 * GiB);
+  pool_resource pool(dev, nullptr, planned());
+  for (int s = 0; s < 40; ++s) deep_step(pool, 40);
+  ASSERT_EQ(pool.counters().step_period, 323u);
+  ASSERT_EQ(pool.counters().plans_made, 1u);
+  // From here on the program marks (at another point of its step than the
+  // pool chose): the pool's own plan goes, and one is made on its marks.
+  for (int s = 0; s < 8; ++s) {
+    pool.mark_step();
+    deep_step(pool, 40);
+    pool.check_invariants();
+  }
+  const auto c = pool.counters();
+  EXPECT_EQ(c.step_period, 0u);
+  EXPECT_EQ(c.plans_made, 2u);
+  EXPECT_EQ(c.plans_dropped, 0u);
+  const auto c0 = pool.counters();
+  pool.mark_step();
+  deep_step(pool, 40);
+  const auto c1 = pool.counters();
+  EXPECT_EQ(c1.pages_mapped, c0.pages_mapped);
+  EXPECT_EQ(c1.plan_missed, c0.plan_missed);
+  EXPECT_EQ(c1.steps_found, 1u);
+}
+
+TEST(plan_steps, a_deep_models_layers_are_not_taken_for_its_steps) {
+  // 900 layers: one forward pass, 3,600 requests of the same four sizes, is
+  // 44 % of the history at the first search (8,192 large requests). Its
+  // layers repeat, but the live bytes grow from one to the next (the
+  // activations are kept): not a step. The step (7,203 requests) is found
+  // once the history holds four of them.
+  auto dev = std::make_shared<host_page_device>(64 * GiB);
+  pool_resource pool(dev, nullptr, planned());
+  std::vector<std::uint64_t> periods;
+  for (int s = 0; s < 6; ++s) {
+    deep_step(pool, 900, 1.0, 0.6);
+    periods.push_back(pool.counters().step_period);
+    pool.check_invariants();
+  }
+  for (std::size_t k = 0; k < periods.size(); ++k)
+    EXPECT_TRUE(periods[k] == 0 || periods[k] == 7203u) << "after step " << k << ": period " << periods[k];
+  EXPECT_EQ(periods.back(), 7203u);
+  EXPECT_EQ(pool.counters().plans_dropped, 0u);
 }

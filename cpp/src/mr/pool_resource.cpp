@@ -18,6 +18,7 @@
 #include "pool/placement.cpp"
 #include "pool/release.cpp"
 #include "pool/stream_reuse.cpp"
+#include "pool/step_finder.cpp"
 #include "pool/step_plan.cpp"
 
 namespace vramkit {
@@ -138,6 +139,7 @@ void* pool_resource::impl::allocate(std::size_t bytes, stream_t stream) {
   bool small = size <= opt.small_threshold;
   std::uint32_t slot = slots.slot_for(stream);
   if (!pending.empty()) process_pending(false);
+  if (opt.plan_steps && !small && !plan.marked && !upstream) plan_find_steps(size);  // may begin a step
   const bool planning = plan.ph != step_plan::phase::off && !small;  // plan_steps
   auto placed = [&](block* b) {
     void* p = finish(b, bytes, stream);
@@ -263,6 +265,7 @@ pool_counters pool_resource::counters() const {
   {
     std::lock_guard<std::mutex> lk(impl_->mu);
     c = impl_->ctr;
+    c.step_period = impl_->plan.period;
   }
   if (impl_->pages) {
     const page_call_times t = impl_->pages->call_times(), &t0 = impl_->calls0;
@@ -290,7 +293,7 @@ std::vector<segment_info> pool_resource::segments() const { return impl_->segmen
 void pool_resource::check_invariants() const { impl_->check(); }
 void pool_resource::mark_step() {
   std::lock_guard<std::mutex> lk(impl_->mu);
-  impl_->mark_step();
+  impl_->mark_step_from_program();
 }
 pool_resource::page_usage pool_resource::usage() const { return impl_->usage(); }
 

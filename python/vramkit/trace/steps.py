@@ -18,7 +18,7 @@ WINDOW = 64
 MIN_STEPS = 4
 #: Share of the requests in the checked region that must equal the request a period earlier.
 MIN_MATCH = 0.98
-#: Candidate periods checked, shortest first.
+#: Candidate periods checked whole (after a quick look at 64 requests), shortest first.
 MAX_CANDIDATES = 64
 #: Requests looked at: the trace's last ones (a loop's steps repeat to its end; this bounds the
 #: search's memory, about 50 bytes a request).
@@ -53,12 +53,13 @@ def _window_hashes(sizes: np.ndarray, w: int) -> np.ndarray:
         return (prefix[w:] - prefix[:-w]) * inv[: n - w + 1]
 
 
-def _steady_run(sizes: np.ndarray, period: int) -> tuple[int, int, float]:
+def _steady_run(sizes: np.ndarray, live: np.ndarray, period: int) -> tuple[int, int, float]:
     """The longest run of whole periods (cut from allocation 0) whose requests equal the ones a
-    period earlier for at least ``MIN_MATCH`` of them: (first allocation, length, share matched)."""
+    period earlier, in size and in the live bytes as they came, for at least ``MIN_MATCH`` of
+    them: (first allocation, length, share matched)."""
     m = len(sizes)
     eq = np.zeros(m, dtype=bool)
-    eq[period:] = sizes[period:] == sizes[:-period]
+    eq[period:] = (sizes[period:] == sizes[:-period]) & (live[period:] == live[:-period])
     chunks = m // period
     share = eq[:chunks * period].reshape(chunks, period).mean(axis=1)
     ok = share >= MIN_MATCH
@@ -82,17 +83,36 @@ def find_steps(ops) -> Steps | None:
     change from step to step, or too few steps). ``ops``: int64 rows (action, id, size[, stream])
     as ``vramkit.cli.replay_ops`` gives them.
 
-    Candidate periods are the distances to earlier copies of windows of ``WINDOW`` requests taken
-    across the trace's second half; the shortest one under which a run of at least
-    ``MIN_STEPS - 1`` periods and 40 % of the trace's requests equals the requests a period
-    earlier (``MIN_MATCH`` of them, period by period) is the step. A layer's period repeats only
-    within a pass over the layers, far less than that: it is never taken for the step's."""
+    The rule of the pool's own search (``cpp/src/mr/pool/step_finder.cpp``): candidate periods
+    are the distances, up to a quarter of the requests looked at, to earlier copies of windows of
+    ``WINDOW`` requests taken across their second half; those under which at least 48 of 64
+    requests spread over the last 40 % equal the one a period earlier are checked whole, most
+    such requests first, then the shortest, and the first under which a run of whole periods, at least ``MIN_STEPS - 1`` of them and 40 %
+    of the requests, repeats the requests a period earlier (``MIN_MATCH`` of each period's) is
+    the step. A request repeats the one a period earlier when both have the same size and came
+    with the same bytes live. A layer's period repeats only within a pass over the layers, and in
+    training the live bytes grow from layer to layer: it is not taken for the step's."""
     ops = np.asarray(ops)
     if ops.ndim != 2 or ops.shape[1] < 3 or len(ops) == 0:
         return None
-    alloc_at = np.nonzero(ops[:, 0] == 0)[0]
+    alloc = ops[:, 0] == 0
+    alloc_at = np.nonzero(alloc)[0]
+    # Live requested bytes before each op: allocations add their size, frees take back the size
+    # of the allocation of the same id (the last one before them).
+    ids = ops[:, 1]
+    order = np.lexsort((np.arange(len(ops)), ids))
+    sorted_ids, sorted_alloc = ids[order], alloc[order]
+    sorted_size = np.where(sorted_alloc, ops[order, 2], 0)
+    last_alloc = np.maximum.accumulate(np.where(sorted_alloc, np.arange(len(ops)), -1))
+    same_id = last_alloc >= 0
+    same_id[same_id] = sorted_ids[last_alloc[same_id]] == sorted_ids[same_id]
+    freed = np.zeros(len(ops), dtype=np.int64)
+    freed[order] = np.where(~sorted_alloc & same_id, sorted_size[np.maximum(last_alloc, 0)], 0)
+    delta = np.where(alloc, ops[:, 2], -freed)
+    live_before = np.concatenate(([0], np.cumsum(delta)[:-1]))
     base = max(0, len(alloc_at) - MAX_REQUESTS)
     sizes = ops[alloc_at[base:], 2].astype(np.int64)
+    live = live_before[alloc_at[base:]]
     m = len(sizes)
     if m < MIN_STEPS * WINDOW:
         return None
@@ -100,13 +120,22 @@ def find_steps(ops) -> Steps | None:
     candidates: set[int] = set()
     for frac in (0.5, 0.6, 0.7, 0.8, 0.9, 1.0):
         at = min(int(frac * m), m - WINDOW)
-        earlier = np.nonzero(hashes[:at] == hashes[at])[0]
-        for e in earlier[::-1][:MAX_CANDIDATES // 4]:
-            candidates.add(int(at - e))
-    for period in sorted(candidates)[:MAX_CANDIDATES]:
+        lo = max(0, at - m // MIN_STEPS)
+        earlier = lo + np.nonzero(hashes[lo:at] == hashes[at])[0]
+        for e in earlier:
+            if np.array_equal(sizes[e:e + WINDOW], sizes[at:at + WINDOW]):
+                candidates.add(int(at - e))
+    probe = m - 1 - (np.arange(64) * (m * 4 // 10)) // 64
+    ranked = []
+    for period in sorted(candidates):
         if period * MIN_STEPS > m:
             break
-        first, length, matched = _steady_run(sizes, period)
+        back = np.maximum(probe - period, 0)
+        hits = int(np.count_nonzero((probe >= period) & (sizes[probe] == sizes[back]) & (live[probe] == live[back])))
+        if hits >= 48:
+            ranked.append((64 - hits, period))
+    for _, period in sorted(ranked)[:MAX_CANDIDATES]:
+        first, length, matched = _steady_run(sizes, live, period)
         if length >= max((MIN_STEPS - 1) * period, int(0.4 * m)):
             phase = (base + first) % period
             return Steps(period, alloc_at[np.arange(phase, len(alloc_at), period)].astype(np.int64), matched)

@@ -41,6 +41,8 @@ struct pool_counters {
   std::size_t plan_placed = 0;       // plan_steps: large requests placed at their planned address
   std::size_t plan_missed = 0;       // plan_steps: large requests under a plan placed as usual instead
   std::size_t plan_bytes = 0;        // plan_steps: address space of the plan in force (0: none)
+  std::size_t steps_found = 0;       // plan_steps without marks from the program: periods found in the requests
+  std::size_t step_period = 0;       // ... the one the pool marks steps by now, in large requests (0: none)
   // Wall time inside the page device's calls (its page_call_times) since the
   // pool began, ns, on every thread (map_ahead's helper too): creating pages
   // and chunks, mapping (with access rights), unmapping, destroying. Zeros

@@ -9,6 +9,8 @@
 //   page_ahead.cpp     map_ahead: pages made ready on a helper thread where the pool grows
 //   chunks.cpp         chunk_size: bulk growth in large handles that never move
 //   stream_reuse.cpp   frees on other streams: pending blocks, slot reclaims
+//   step_plan.cpp      plan_steps: a marked step laid out once, later steps placed there
+//   step_finder.cpp    plan_steps without marks: the step's period found in the requests
 //   release.cpp        giving memory back: trim, release_cached, segments
 //   diagnostics.cpp    invariants, reports, the out-of-memory message
 //
@@ -243,9 +245,26 @@ struct pool_resource::impl {
     std::uintptr_t base = 0;
     block* cursor = nullptr;  // the block last placed by the plan
     std::size_t step_bytes = 0, missed_bytes = 0;
+    // Steps found in the requests, for programs that do not mark them
+    // (step_finder.cpp): the sizes of the last large requests, a period found
+    // in them, and where the next step begins.
+    static constexpr std::size_t history_cap = std::size_t{1} << 16;
+    static constexpr std::uint64_t first_search = 8192, search_every = 4096;
+    bool marked = false;               // the program marks its steps: nothing is looked for
+    std::vector<std::uint64_t> history;  // a ring of the last history_cap large requests' sizes
+    std::vector<std::uint64_t> history_live;  // ... and the pool's live bytes as each came
+    std::uint64_t requests = 0;        // large requests so far
+    std::uint64_t next_search = first_search;
+    std::uint32_t searches_failed = 0;
+    std::uint64_t period = 0;          // 0: none found (yet)
+    std::uint64_t next_mark = 0;       // the large request the next found step begins at
+    std::size_t drops_at_find = 0;     // plans_dropped when the period was found
   };
   step_plan plan;
   void mark_step();
+  void mark_step_from_program();
+  void plan_find_steps(std::size_t size) noexcept;
+  bool plan_search(std::uint64_t& period, std::uint64_t& first) const;
   void plan_record_start();
   bool plan_give_back_chunks() noexcept;
   bool plan_build();
