@@ -43,7 +43,8 @@ def cmd_advise(args) -> int:
               f"marked {steps['marks']} steps there, as vramkit.torch.use(plan_steps=True) marks one at each "
               "optimizer step")
     elif planned:
-        print(f"\nsteps: no repeating step found in the trace; {', '.join(planned)} ran unmarked (no plan)")
+        print(f"\nsteps: no repeating step found in the trace; {', '.join(planned)} ran with no marks (the pool "
+              "looks for steps itself, by the same rule, and finds none unless its large requests repeat)")
     print(f"\nrecommendation: {result['recommendation']}")
     return 0
 
