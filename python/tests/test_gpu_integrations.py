@@ -677,6 +677,59 @@ def test_gpt2_training_with_step_plans_marked_by_the_optimizer():
     assert r["peak_reserved"] <= 1.03 * r["peak_allocated"], summary
 
 
+@needs("torch", "transformers")
+def test_gpt2_inference_steps_found_by_the_pool():
+    """plan_steps with no marks at all (an inference loop: no optimizer, no mark_step): the pool
+    finds the loop's period in its large requests, makes a plan, and the last steps move no page;
+    the outputs are the ones the same loop gives under PyTorch's allocator."""
+    code = r"""
+import json, os, sys
+alloc = os.environ["VK_ALLOC"]
+if alloc == "vramkit":
+    import vramkit, vramkit.torch
+    vramkit.torch.use(plan_steps=True, remap_own_slack=0)
+import torch
+from transformers import GPT2Config, GPT2LMHeadModel
+torch.manual_seed(0)
+try:
+    cfg = GPT2Config(attn_implementation="eager")
+except TypeError:
+    cfg = GPT2Config()
+model = GPT2LMHeadModel(cfg).cuda().eval()
+x = torch.randint(0, cfg.vocab_size, (8, 256), generator=torch.Generator().manual_seed(1)).cuda()
+sums, page_ops = [], []
+with torch.no_grad():
+    for step in range(400):
+        out = model(input_ids=x).logits
+        if step % 50 == 0 or step >= 380:
+            sums.append(float(out.float().sum().item()))
+        del out
+        if alloc == "vramkit":
+            c = vramkit.get_current_resource().pool_counters()
+            page_ops.append(c["pages_mapped"] + c["pages_unmapped"])
+torch.cuda.synchronize()
+res = {"sums": sums}
+if alloc == "vramkit":
+    c = vramkit.get_current_resource().pool_counters()
+    res.update(page_ops=page_ops, counters={k: c[k] for k in ("steps_found", "step_period", "plans_made",
+               "plans_dropped", "plan_placed", "plan_missed")}, marks=vramkit.torch.step_marks(),
+               peak_reserved=vramkit.max_memory_reserved(), peak_allocated=vramkit.max_memory_allocated())
+print(json.dumps(res))
+"""
+    runs = {a: child(code, env={"VK_ALLOC": a}, timeout=400) for a in ("vramkit", "default")}
+    r = runs["vramkit"]
+    ops = r["page_ops"]
+    summary = (f"counters {r['counters']}; step marks {r['marks']}; page ops at steps 200/300/380/399: "
+               f"{ops[200]}/{ops[300]}/{ops[380]}/{ops[399]}; peak reserved {r['peak_reserved'] / MiB:.0f} MiB "
+               f"for {r['peak_allocated'] / MiB:.0f} MiB allocated")
+    print(summary)
+    assert r["sums"] == runs["default"]["sums"], f"outputs differ: {r['sums']} vs {runs['default']['sums']}"
+    assert r["marks"]["source"] == "optimizer" and r["marks"]["marks"] == 0, summary  # no optimizer stepped
+    assert r["counters"]["steps_found"] >= 1 and r["counters"]["step_period"] > 0, summary
+    assert r["counters"]["plans_made"] >= 1 and r["counters"]["plans_dropped"] == 0, summary
+    assert ops[-1] == ops[380], f"pages moved in the last steps: {summary}"
+
+
 # ============================================================ (5) CuPy and Numba kernels on vramkit memory
 
 @needs("cupy")
