@@ -689,3 +689,34 @@ TEST(plan_steps, a_deep_models_layers_are_not_taken_for_its_steps) {
   EXPECT_EQ(periods.back(), 7203u);
   EXPECT_EQ(pool.counters().plans_dropped, 0u);
 }
+
+TEST(plan_steps, a_loss_kept_each_step_does_not_hide_the_period) {
+  // Small blocks do not count: a program keeping each step's loss (512 B)
+  // still gets its steps found.
+  auto dev = std::make_shared<host_page_device>(8 * GiB);
+  pool_resource pool(dev, nullptr, planned());
+  std::vector<void*> losses;
+  for (int s = 0; s < 40; ++s) {
+    deep_step(pool, 40);
+    losses.push_back(pool.allocate(512, 0));
+  }
+  EXPECT_EQ(pool.counters().step_period, 323u);
+  EXPECT_EQ(pool.counters().plans_made, 1u);
+  for (void* p : losses) pool.deallocate_checked(p, 512, 0);
+  pool.check_invariants();
+}
+
+TEST(plan_steps, a_step_too_long_to_plan_is_not_taken_and_a_later_loop_is) {
+  // 16,003 large requests a step: more than a plan takes (8,192), so not a
+  // period to mark by. The loop that follows (323 a step) gets its plan.
+  auto dev = std::make_shared<host_page_device>(64 * GiB);
+  pool_resource pool(dev, nullptr, planned());
+  for (int s = 0; s < 6; ++s) {
+    deep_step(pool, 2000, 1.0, 0.6);
+    EXPECT_NE(pool.counters().step_period, 16003u) << "step " << s;
+  }
+  for (int s = 0; s < 400 && pool.counters().plans_made == 0; ++s) deep_step(pool, 40);
+  EXPECT_EQ(pool.counters().step_period, 323u);
+  EXPECT_EQ(pool.counters().plans_made, 1u);
+  pool.check_invariants();
+}

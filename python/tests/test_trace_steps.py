@@ -172,7 +172,7 @@ def test_the_advise_command_shows_the_steps(tmp_path):
                        capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert PLAN_CANDIDATE in p.stdout
-    assert f"repeats a step of {step_allocs()} allocation requests" in p.stdout
+    assert f"repeats a step of {step_allocs()} large allocation requests" in p.stdout
     j = subprocess.run([sys.executable, "-m", "vramkit", "advise", "--json", str(path)],
                        capture_output=True, text=True)
     assert json.loads(j.stdout)["steps"]["period"] == step_allocs()

@@ -6,6 +6,7 @@ Everything per op happens in C++ (``_vramkit.profile_trace``): a 10-million-op t
 """
 from __future__ import annotations
 
+import math
 import os
 import sys
 from typing import Any, Callable
@@ -98,10 +99,11 @@ def _py_value(text: str) -> str:
     if low in ("true", "false"):
         return low.capitalize()
     try:
-        float(text)
-        return text.strip()
+        if math.isfinite(float(text)):
+            return text.strip()
     except ValueError:
-        return repr(text.strip())
+        pass
+    return repr(text.strip())
 
 
 def profile(ops, spec: str, capacity: int | None, points: int = 0,

@@ -178,6 +178,7 @@ free_status pool_resource::impl::deallocate(void* ptr, std::size_t bytes, stream
     return free_status::wrong_size;
   live.erase(key);
   live_bytes -= b->size;
+  if (!b->ar->small) live_large -= b->size;
   // Freed on another stream than allocated: the memory is in use on both.
   if (stream != b->stream &&
       std::find(b->extra_streams.begin(), b->extra_streams.end(), stream) == b->extra_streams.end())

@@ -95,6 +95,7 @@ struct pool_resource::impl {
 
   // Accounting.
   std::size_t live_bytes = 0;
+  std::size_t live_large = 0;  // of live_bytes, in the large arenas (plan_steps' step finder)
   std::size_t pending_bytes = 0;
   std::size_t reserved = 0;
   std::size_t peak_live = 0;
@@ -252,13 +253,15 @@ struct pool_resource::impl {
     static constexpr std::uint64_t first_search = 8192, search_every = 4096;
     bool marked = false;               // the program marks its steps: nothing is looked for
     std::vector<std::uint64_t> history;  // a ring of the last history_cap large requests' sizes
-    std::vector<std::uint64_t> history_live;  // ... and the pool's live bytes as each came
+    std::vector<std::uint64_t> history_live;  // ... and the large arenas' live bytes as each came
     std::uint64_t requests = 0;        // large requests so far
     std::uint64_t next_search = first_search;
     std::uint32_t searches_failed = 0;
     std::uint64_t period = 0;          // 0: none found (yet)
     std::uint64_t next_mark = 0;       // the large request the next found step begins at
     std::size_t drops_at_find = 0;     // plans_dropped when the period was found
+    std::size_t unplanned = 0;         // recorded steps that gave no plan (step_plan.cpp)
+    std::size_t unplanned_at_find = 0;  // ... when the period was found
   };
   step_plan plan;
   void mark_step();
@@ -308,6 +311,7 @@ struct pool_resource::impl {
     b->stream = stream;
     live.insert(b->addr, b);
     live_bytes += b->size;
+    if (!b->ar->small) live_large += b->size;
     if (live_bytes > peak_live) peak_live = live_bytes;
     return reinterpret_cast<void*>(b->addr);
   }

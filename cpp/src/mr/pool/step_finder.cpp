@@ -5,25 +5,31 @@
 // plans (step_plan.cpp) work as with the program's marks. The program's own
 // first mark ends all of this.
 //
-// The search (the same rule as vramkit.trace.steps, which finds the marks for
-// `vramkit advise`): candidate periods are the distances (up to a quarter of
-// the history) to earlier copies of windows of 64 requests taken across the
-// history's second half; those under which at least 48 of 64 requests spread
-// over the history's last 40 % repeat the one a period earlier are checked
-// whole, most such requests first, then the shortest; the first under which a run of whole periods, at least
-// three of them and 40 % of the history, repeats the requests a period
-// earlier (98 % of each period's) is the step; here a request also counts as repeated only when the pool's
-// live bytes were the same as it came as a period earlier. A layer's period
-// repeats only within one pass over the layers, far less than that, and in
-// training the live bytes grow from layer to layer (activations kept for the
-// backward pass): it is not taken for the step's. Steps whose shapes change
-// find none. The first search waits for 8,192 large requests (a short history
-// holding one pass over a deep model's layers could pass for several steps).
+// The search (the rule of vramkit.trace.steps, which finds the marks for
+// `vramkit advise`). A large request repeats the one a period earlier when
+// both have the same size and came with the same bytes live in the large
+// arenas. Candidate periods are the distances (at most a quarter of the
+// history, and at most 8,192: no longer step gets a plan) to earlier copies
+// of windows of 64 requests taken across the history's second half. Those
+// under which at least 48 of 64 requests spread over the history's last 40 %
+// repeat are checked whole, most such requests first, then the shortest: the
+// first under which a run of whole periods, at least three of them and 40 %
+// of the history, has 98 % of each period's requests repeated is the step.
+// A layer's period repeats only within one pass over the layers, far less
+// than that, and in training the live bytes grow from layer to layer
+// (activations kept for the backward pass): it is not taken for the step's.
+// Steps whose shapes change find none, and so do loops whose large live bytes
+// grow from step to step (a large tensor kept each step). Small blocks do not
+// count: a loss kept each step changes nothing. The first search waits for
+// 8,192 large requests (a short history holding one pass over a deep model's
+// layers could pass for several steps).
 //
-// A plan dropped after the period was found (the loop changed, or the period
-// was wrong) stops the marks; the search starts again. Searches come every
-// 4,096 large requests; once the history is full, those that find nothing come
-// less and less often (doubling up to every 262,144).
+// A plan dropped after the period was found, or three recorded steps that
+// did not repeat (the loop changed, or the period was wrong), stop the marks;
+// the search starts again. Searches come every 4,096 large requests; once the
+// history is full, those that find nothing come less and less often (doubling
+// up to every 262,144). A search holds the pool's lock for up to a few
+// milliseconds (a history of one size and no period, the worst case).
 #include <algorithm>
 #include <vector>
 
@@ -71,10 +77,10 @@ void pool_resource::impl::plan_find_steps(std::size_t size) noexcept {
     if (P.history.size() < step_plan::history_cap) {
       P.history_live.reserve(P.history.capacity() + 1);  // both grow, or neither
       P.history.push_back(size);
-      P.history_live.push_back(live_bytes);
+      P.history_live.push_back(live_large);
     } else {
       P.history[P.requests % step_plan::history_cap] = size;
-      P.history_live[P.requests % step_plan::history_cap] = live_bytes;
+      P.history_live[P.requests % step_plan::history_cap] = live_large;
     }
   } catch (...) {  // no host memory for the history: nothing is found this time
     P.history_live.resize(P.history.size());
@@ -82,7 +88,9 @@ void pool_resource::impl::plan_find_steps(std::size_t size) noexcept {
   }
   const std::uint64_t i = P.requests++;
   if (P.period) {
-    if (ctr.plans_dropped != P.drops_at_find) {  // the loop changed, or the period was wrong
+    // The loop changed, or the period was wrong: a plan dropped, or three
+    // recorded steps that did not repeat. Look again.
+    if (ctr.plans_dropped != P.drops_at_find || P.unplanned >= P.unplanned_at_find + 3) {
       P.period = 0;
       P.searches_failed = 0;
       P.next_search = P.requests + step_plan::search_every;
@@ -119,6 +127,7 @@ void pool_resource::impl::plan_find_steps(std::size_t size) noexcept {
   P.period = period;
   P.next_mark = P.requests + (period - (P.requests - first) % period) % period;
   P.drops_at_find = ctr.plans_dropped;
+  P.unplanned_at_find = P.unplanned;
   ++ctr.steps_found;
 }
 
@@ -150,11 +159,10 @@ bool pool_resource::impl::plan_search(std::uint64_t& period, std::uint64_t& firs
   std::vector<std::uint64_t> candidates;
   for (int tenth = 5; tenth <= 10; ++tenth) {
     const std::size_t at = std::min(m * static_cast<std::size_t>(tenth) / 10, m - kWindow);
-    for (std::size_t e = at; e-- > 0 && at - e <= m / kMinSteps;)
-      if (h[e] == h[at] && std::equal(s.begin() + static_cast<std::ptrdiff_t>(e),
-                                      s.begin() + static_cast<std::ptrdiff_t>(e + kWindow),
-                                      s.begin() + static_cast<std::ptrdiff_t>(at)))
-        candidates.push_back(at - e);
+    // (A hash collision only adds a candidate: the checks below look at the
+    // requests themselves.)
+    for (std::size_t e = at; e-- > 0 && at - e <= std::min<std::size_t>(m / kMinSteps, step_plan::max_items);)
+      if (h[e] == h[at]) candidates.push_back(at - e);
   }
   std::sort(candidates.begin(), candidates.end());
   candidates.erase(std::unique(candidates.begin(), candidates.end()), candidates.end());
@@ -176,8 +184,9 @@ bool pool_resource::impl::plan_search(std::uint64_t& period, std::uint64_t& firs
     // Whole periods cut from the history's start; the longest run of those
     // matching the period before them.
     const std::size_t chunks = m / p;
+    const std::size_t need = (std::max<std::size_t>((kMinSteps - 1) * p, m * 4 / 10) + p - 1) / p;  // periods
     std::size_t run = 0, best = 0, best_end = 0;
-    for (std::size_t c = 0; c < chunks; ++c) {
+    for (std::size_t c = 0; c < chunks && best < need && run + (chunks - c) >= need; ++c) {
       std::size_t equal = 0;
       for (std::size_t k = c * p; k < (c + 1) * p; ++k) equal += same(k, p);
       if (static_cast<double>(equal) >= kMinMatch * static_cast<double>(p)) {
@@ -186,8 +195,7 @@ bool pool_resource::impl::plan_search(std::uint64_t& period, std::uint64_t& firs
         run = 0;
       }
     }
-    const std::size_t length = best * p;
-    if (length >= std::max<std::size_t>((kMinSteps - 1) * p, m * 4 / 10)) {
+    if (best >= need) {
       period = p;
       first = start + (best_end - best) * p;
       return true;

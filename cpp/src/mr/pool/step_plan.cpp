@@ -54,7 +54,10 @@ void pool_resource::impl::mark_step() {
       P.ph = step_plan::phase::following;
       break;
     case step_plan::phase::following:
-      if (!plan_build()) plan_record_start();
+      if (!plan_build()) {
+        ++P.unplanned;
+        plan_record_start();
+      }
       break;
     case step_plan::phase::planned:
       if (P.missed_bytes * 20 > P.step_bytes) {
