@@ -200,4 +200,4 @@ def test_the_programs_own_mark_turns_the_optimizers_off(plan_pool, monkeypatch):
 
 def test_step_marks_without_pytorch_in_use():
     vramkit._manual_marks[0] = False
-    assert vt.step_marks() == {"source": "none", "marks": 0, "devices": []}
+    assert vt.step_marks() == {"source": "none", "marks": 0, "devices": [], "pool_period": 0}

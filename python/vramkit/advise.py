@@ -32,15 +32,9 @@ PLAN_CANDIDATE = "vramkit:plan_steps:true,remap_own_slack:0"
 
 def plans_steps(spec: str) -> bool:
     """Whether a vramkit spec turns the pool option ``plan_steps`` on (its last mention counts)."""
+    from ._pool_conf import plans_steps as conf_plans_steps
     kind, _, opts = spec.partition(":")
-    if kind not in ("vramkit", "pool"):
-        return False
-    on = False
-    for item in opts.split(","):
-        key, _, value = item.partition(":")
-        if key.strip() == "plan_steps":
-            on = value.strip().lower() in ("1", "true", "on", "yes")
-    return on
+    return kind in ("vramkit", "pool") and conf_plans_steps(opts)
 
 
 def is_torch(spec: str) -> bool:

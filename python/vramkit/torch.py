@@ -291,14 +291,8 @@ def use(*, mark_steps: str | None = None, **pool_options) -> None:
 
 
 def _plans_steps(conf: str) -> bool:
-    """Whether a ``VRAMKIT_ALLOC_CONF``-style string turns ``plan_steps`` on (the last mention
-    counts, as for the pool; a value the pool would refuse counts as off here)."""
-    on = False
-    for item in conf.split(","):
-        key, _, value = item.partition(":")
-        if key.strip() == "plan_steps":
-            on = value.strip().lower() in ("1", "true", "on", "yes")
-    return on
+    from ._pool_conf import plans_steps
+    return plans_steps(conf)
 
 
 def _device_plans(device: int) -> bool:
@@ -389,20 +383,32 @@ def _manual_mark_seen() -> None:
 
 
 def step_marks() -> dict:
-    """How the steps of ``plan_steps`` are marked in this process: ``source`` is ``"optimizer"``
-    (after each step of the pacing optimizers), ``"manual"`` (the program calls ``mark_step()``)
-    or ``"none"`` (vramkit is not PyTorch's allocator, or its pools do not plan steps);
-    ``marks`` counts the optimizer steps that marked, ``devices`` the devices they marked."""
+    """How the steps of ``plan_steps`` are marked in this process. ``source``: ``"optimizer"``
+    (after each step of the pacing optimizers), ``"manual"`` (the program calls ``mark_step()``,
+    or ``use(mark_steps="manual")`` waits for it to), ``"pool"`` (nothing marked them and the
+    current device's pool found their period itself) or ``"none"`` (vramkit is not PyTorch's
+    allocator, or its pools do not plan steps); ``marks``: the optimizer steps that marked;
+    ``devices``: the devices they marked; ``pool_period``: the period, in large requests, the
+    current device's pool found (0: none)."""
     from . import _manual_marks
     m = _state["marks"]
     plans = _state["active"] and _plans_steps(_state["plan_conf"])
+    period = 0
+    if plans:
+        c = _vramkit.current_resource(None).pool_counters()
+        period = int(c.get("step_period", 0)) if c else 0
     if not plans:
         source = "none"
-    elif _manual_marks[0] or m is None:
+    elif _manual_marks[0]:
         source = "manual"
-    else:
+    elif m is not None and m.marks:
         source = "optimizer"
-    return {"source": source, "marks": m.marks if m else 0, "devices": m.devices() if m else []}
+    elif period:
+        source = "pool"
+    else:
+        source = "optimizer" if m is not None else "manual"
+    return {"source": source, "marks": m.marks if m else 0, "devices": m.devices() if m else [],
+            "pool_period": period}
 
 
 def stats(device=None) -> dict:
