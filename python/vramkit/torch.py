@@ -324,6 +324,13 @@ class _OptimizerMarks:
     @classmethod
     def install(cls, torch):
         register = getattr(getattr(torch.optim, "optimizer", None), "register_optimizer_step_post_hook", None)
+        if register is None:  # PyTorch 2.11 does not bind the submodule torch.optim.optimizer on torch.optim
+            try:
+                import importlib
+                register = getattr(importlib.import_module("torch.optim.optimizer"),
+                                   "register_optimizer_step_post_hook", None)
+            except ImportError:
+                register = None
         if register is None:
             warnings.warn("vramkit.torch.use(): this PyTorch has no global optimizer step hook "
                           "(torch.optim.optimizer.register_optimizer_step_post_hook), so plan_steps' steps are "
