@@ -23,6 +23,8 @@
 // operations after it (a training loop's synchronize at each step's end).
 // VKSTEP=F,P: mark_step before operation F and every P after it (plan_steps).
 // VKWATCH=F,P: the same step lines, without marking (plan_steps finding the steps itself).
+// VKSEG=N: the large arena's blocks (A live, P pending, f free: MiB@offset) as step N begins.
+// VKPAGEOPS=1: each operation of the last pass that mapped or unmapped pages.
 // VKGROW=1: each growth of the last pass (VKGROWALL: of every pass), with
 // where the mapped pages lie (chunk pages a live block holds among them).
 struct lag_streams : vramkit::stream_ops {
@@ -168,6 +170,7 @@ int main(int argc, char** argv) {
     int passes = std::getenv("VKPASSES") ? std::atoi(std::getenv("VKPASSES")) : 4;
     std::size_t live = 0, peak_live = 0, sync_first = 0, sync_period = 0;
     const bool grow_lines = std::getenv("VKGROW") != nullptr, grow_all = std::getenv("VKGROWALL") != nullptr;
+    const bool page_op_lines = std::getenv("VKPAGEOPS") != nullptr;  // each op of the last pass that maps or unmaps
     if (const char* sy = std::getenv("VKSYNC")) {
       char* end = nullptr;
       sync_first = std::strtoull(sy, &end, 10);
@@ -196,13 +199,29 @@ int main(int argc, char** argv) {
       return (8.7 * h_created + 29.25 * h_mapped + 19.3 * h_unmapped + 13.1 * h_destroyed) / 1000.0;
     };
     auto sc = pool.counters();
+    const long seg_step = std::getenv("VKSEG") ? std::atol(std::getenv("VKSEG")) : -1;
     auto step_line = [&] {
+      if (static_cast<long>(step_no) == seg_step) {  // VKSEG=N: the large arena's blocks as step N begins
+        auto u = pool.usage();
+        std::printf("usage: mapped %zu/%zu live_overlap %zu/%zu free_interior %zu/%zu chunks %zu chunk_free_held %zu spare %zu\n",
+                    u.mapped[0], u.mapped[1], u.live_overlap[0], u.live_overlap[1], u.free_interior_mapped[0],
+                    u.free_interior_mapped[1], u.in_chunks, u.chunk_free_held, u.spare);
+      }
+      if (static_cast<long>(step_no) == seg_step)
+        for (const auto& sg : pool.segments()) {
+          if (sg.small) continue;
+          std::printf("segment %zu MiB, %zu MiB mapped:", sg.size >> 20, sg.mapped_bytes >> 20);
+          for (const auto& b : sg.blocks)
+            std::printf(" %s%.1f@%.1f", b.allocated ? "A" : b.pending ? "P" : "f", b.size / 1048576.0,
+                        (b.addr - sg.base) / 1048576.0);
+          std::printf("\n");
+        }
       auto c = pool.counters();
-      std::printf("step %zu: mapped %zu unmapped %zu reserved %zu MiB peak_reserved %zu MiB plan placed %zu missed %zu made %zu dropped %zu driver_ms %.1f\n",
+      std::printf("step %zu: mapped %zu unmapped %zu reserved %zu MiB peak_reserved %zu MiB plan placed %zu missed %zu made %zu dropped %zu plan %zu MiB driver_ms %.1f\n",
                   step_no++, c.pages_mapped - sc.pages_mapped, c.pages_unmapped - sc.pages_unmapped,
                   pool.state().reserved_bytes >> 20, pool.state().peak_reserved_bytes >> 20,
                   c.plan_placed - sc.plan_placed, c.plan_missed - sc.plan_missed, c.plans_made, c.plans_dropped,
-                  driver_ms(sc, c));
+                  c.plan_bytes >> 20, driver_ms(sc, c));
       sc = c;
     };
     for (int pass = 0; pass < passes; ++pass) {
@@ -221,6 +240,8 @@ int main(int argc, char** argv) {
             if (!watch_only) pool.mark_step();
           }
         }
+        const bool op_lines = page_op_lines && pass == passes - 1;
+        const auto oc = op_lines ? pool.counters() : vramkit::pool_counters{};
         if (t.action == 0) {
           const bool show = grow_lines && (pass == passes - 1 || grow_all);
           const std::size_t r0 = show ? pool.state().reserved_bytes : 0;
@@ -238,6 +259,14 @@ int main(int argc, char** argv) {
           live -= pool.allocation_size(ptr[t.id]);
           if (check) check->freed(reinterpret_cast<std::uintptr_t>(ptr[t.id]), pool.allocation_size(ptr[t.id]));
           pool.deallocate(ptr[t.id], 0, t.stream);
+        }
+        if (op_lines) {
+          auto nc = pool.counters();
+          if (nc.pages_mapped != oc.pages_mapped || nc.pages_unmapped != oc.pages_unmapped)
+            std::printf("op %zu %s size %.2fM stream %u at %llx: mapped %zu unmapped %zu\n",
+                        static_cast<std::size_t>(&t - ops.data()), t.action ? "free" : "alloc", t.size / 1048576.0,
+                        (unsigned)t.stream, (unsigned long long)reinterpret_cast<std::uintptr_t>(ptr[t.id]),
+                        nc.pages_mapped - oc.pages_mapped, nc.pages_unmapped - oc.pages_unmapped);
         }
       }
       auto c1 = pool.counters();

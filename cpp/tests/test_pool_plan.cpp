@@ -44,6 +44,8 @@ struct program {
   stream_t stream = 0;
   std::vector<held> weights;
   held carried{nullptr, 0, 0};  // lives across the step boundary
+  bool keep_output = false;     // each step's output lives until the next step has made its own
+  held output{nullptr, 0, 0};
   std::uint8_t tag = 1;
   std::vector<void*> addresses;  // this step's large requests, in order
 
@@ -67,6 +69,8 @@ struct program {
     weights.clear();
     if (carried.p) give(carried);
     carried.p = nullptr;
+    if (output.p) give(output);
+    output.p = nullptr;
   }
   void step(double scale = 1.0) {
     addresses.clear();
@@ -74,6 +78,11 @@ struct program {
     std::vector<held> acts;
     const std::size_t sizes[] = {12, 20, 6, 33, 3, 17, 9, 26};
     for (std::size_t s : sizes) acts.push_back(take(static_cast<std::size_t>(static_cast<double>(s * MiB) * scale)));
+    if (keep_output) {  // as logits: made at the forward's end, the last step's given back only then
+      held out = take(30 * MiB);
+      if (output.p) give(output);
+      output = out;
+    }
     held small = take(64 * 1024);  // small requests are not planned
     std::vector<held> grads;
     for (std::size_t i = acts.size(); i-- > 0;) {
@@ -166,6 +175,58 @@ TEST(plan_steps, the_plan_needs_no_more_than_the_steps_peak) {
   ASSERT_EQ(c.plans_made, 1u);
   EXPECT_LE(c.plan_bytes, step_peak + 2 * MiB) << "plan " << c.plan_bytes << " step peak " << step_peak;
   prog.finish();
+}
+
+TEST(plan_steps, an_output_kept_into_the_next_step_takes_two_places_in_turn) {
+  // Each step's output lives until the next step has made its own (logits
+  // kept for the loss): the next step's request of it comes while it lives.
+  // The plan lays the steps out in pairs, the output at two places taken in
+  // turn: every request placed, no page moved, and within the peak of two
+  // steps' live large bytes.
+  planned_program t;
+  auto& pool = t.pool;
+  auto& prog = t.prog;
+  prog.keep_output = true;
+  std::size_t weights = 0;
+  for (auto& w : prog.weights) weights += w.n;
+  std::vector<std::vector<void*>> seen;
+  std::size_t step_peak = 0;
+  for (int s = 0; s < 12; ++s) {
+    pool.mark_step();
+    auto c0 = pool.counters();
+    pool.reset_peaks();
+    prog.step();
+    auto c1 = pool.counters();
+    pool.check_invariants();
+    step_peak = std::max(step_peak, pool.state().peak_live_bytes - weights);
+    seen.push_back(prog.addresses);
+    if (s >= 3) {
+      EXPECT_EQ(c1.plan_missed, c0.plan_missed) << "step " << s;
+      EXPECT_EQ(c1.plan_placed - c0.plan_placed, prog.addresses.size()) << "step " << s;
+    }
+    if (s >= 5) {
+      EXPECT_EQ(c1.pages_mapped, c0.pages_mapped) << "step " << s << " mapped pages";
+      EXPECT_EQ(c1.pages_unmapped, c0.pages_unmapped) << "step " << s << " unmapped pages";
+      EXPECT_EQ(c1.pages_created, c0.pages_created) << "step " << s << " created pages";
+      EXPECT_EQ(seen[s], seen[s - 2]) << "step " << s << ": a request left its planned place";
+    }
+  }
+  // The two steps of a pair place the output apart; the rest may share places.
+  auto out_at = [&](int s) {
+    std::size_t i = 0;
+    for (; i < seen[s].size(); ++i)
+      if (seen[s][i] != seen[s - 1][i]) break;
+    return i;
+  };
+  EXPECT_LT(out_at(10), seen[10].size()) << "the output kept one place in both steps of a pair";
+  auto c = pool.counters();
+  EXPECT_EQ(c.plans_made, 1u);
+  EXPECT_EQ(c.plans_dropped, 0u);
+  EXPECT_LE(c.plan_bytes, step_peak + 2 * MiB)
+      << "plan " << c.plan_bytes << " step peak " << step_peak;
+  prog.finish();
+  pool.check_invariants();
+  EXPECT_EQ(pool.state().live_bytes, 0u);
 }
 
 TEST(plan_steps, a_step_that_differs_drops_the_plan_and_records_again) {

@@ -235,7 +235,9 @@ struct pool_resource::impl {
       std::size_t size = 0;
       std::uint64_t t0 = 0, t1 = 0;  // requested, freed (0: not yet; past length: in the next step)
       std::size_t off = 0;           // planned offset from base
+      std::size_t off_odd = 0;       // planned offset in odd steps (two_steps)
       bool planned = false;
+      bool carried = false;   // lives past the next step's request of it
       bool pending = false;   // freed while another stream still used it
       block* hint = nullptr;  // the block last placed there (checked before use: it may be gone)
     };
@@ -245,6 +247,8 @@ struct pool_resource::impl {
     std::unordered_map<std::size_t, std::uint32_t> seen;                // this step's requests of each size
     std::uintptr_t base = 0;
     block* cursor = nullptr;  // the block last placed by the plan
+    bool two_steps = false;   // laid out over two steps (a block is carried): odd steps take off_odd
+    bool odd = false;         // this planned step is odd
     std::size_t step_bytes = 0, missed_bytes = 0;
     // Steps found in the requests, for programs that do not mark them
     // (step_finder.cpp): the sizes of the last large requests, a period found
