@@ -224,7 +224,8 @@ struct pool_resource::impl {
     // Steps with more large requests get no plan (laying one out takes time
     // that grows with the square of their number when they all live at once,
     // as a training step's activations do: on a 2-core VM 35 ms for 4,096,
-    // 0.16 s for 8,192, 0.7 s for 16,384).
+    // 0.16 s for 8,192, 0.7 s for 16,384; twice that when a second order is
+    // tried). A layout over two steps has two places a block: half as many.
     static constexpr std::size_t max_items = 8192;
     phase ph = phase::off;
     std::uint64_t tick = 0;    // large requests and frees since the recorded step began

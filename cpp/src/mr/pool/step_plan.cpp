@@ -18,13 +18,17 @@
 //   following -> planned: when this step made the recorded step's requests
 //                   again (by size and count, 95 % of its bytes), plan_build
 //                   lays the recorded blocks out, the step
-//                   being a circle of `length` ticks; a block never freed by
-//                   now is left out (weights, optimizer state: they stay where
-//                   they are)
+//                   being a circle of `length` ticks (two steps when a block
+//                   lives past its own request in the next step: even and
+//                   odd steps then have places of their own); a block never
+//                   freed by now is left out (weights, optimizer state: they
+//                   stay where they are)
 //   planned: each step's misses are counted; more than 5 % of its bytes and
 //                   the plan is dropped: after 4, 8, 16, ... 256 steps of rest
 //                   (longer after each drop), recording starts again
 #include <algorithm>
+#include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "pool_impl.hpp"
