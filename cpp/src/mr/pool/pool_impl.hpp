@@ -240,11 +240,11 @@ struct pool_resource::impl {
       bool planned = false;
       bool carried = false;   // lives past the next step's request of it
       bool pending = false;   // freed while another stream still used it
-      block* hint = nullptr;  // the block last placed there (checked before use: it may be gone)
+      block* hint[2] = {nullptr, nullptr};  // the block last placed at off / off_odd (checked before use: it may be gone)
     };
     std::vector<item> items;
     std::unordered_map<std::uintptr_t, std::uint32_t> open;             // recorded blocks not yet freed
-    std::unordered_map<std::size_t, std::vector<std::uint32_t>> by_size;  // planned items of a size, in request order
+    std::unordered_map<std::size_t, std::vector<std::uint32_t>> by_size;  // recorded items of a size, in request order
     std::unordered_map<std::size_t, std::uint32_t> seen;                // this step's requests of each size
     std::uintptr_t base = 0;
     block* cursor = nullptr;  // the block last placed by the plan

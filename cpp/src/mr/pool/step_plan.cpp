@@ -379,11 +379,12 @@ block* pool_resource::impl::plan_place(std::size_t size, std::uint32_t slot) {
     return nullptr;
   }
   detail::arena* a = arenas[1];
-  const std::uintptr_t at = P.base + (P.two_steps && P.odd ? item.off_odd : item.off);
+  const int parity = P.two_steps && P.odd ? 1 : 0;
+  const std::uintptr_t at = P.base + (parity ? item.off_odd : item.off);
   // The free block holding `at`: where the last block placed there went, else
   // a walk (by address) from it or from the block the plan placed last.
   auto holds = [&](const block* x) { return x && x->ar == a && x->addr <= at && at < x->addr + x->size; };
-  block* f = item.hint;
+  block* f = item.hint[parity];
   if (!holds(f)) {
     f = f && f->ar == a ? f : P.cursor && P.cursor->ar == a ? P.cursor : a->first;
     while (f->addr > at) f = f->prev;
@@ -395,7 +396,7 @@ block* pool_resource::impl::plan_place(std::size_t size, std::uint32_t slot) {
   }
   block* b = place(f, at, size, slot);
   if (!b) return miss();
-  item.hint = P.cursor = b;
+  item.hint[parity] = P.cursor = b;
   ++ctr.plan_placed;
   return b;
 }
