@@ -691,6 +691,80 @@ TEST(plan_steps, a_program_that_never_marks_gets_its_steps_found) {
   pool.check_invariants();
 }
 
+TEST(plan_steps, a_never_marked_program_keeping_its_output_gets_a_two_step_plan) {
+  // The deep step with an output made after the forward and the last step's
+  // given back only then (logits kept for the loss): the pool finds the period
+  // itself, and its plan gives the output a place for even and one for odd steps.
+  auto dev = std::make_shared<host_page_device>(8 * GiB);
+  pool_resource pool(dev, nullptr, planned());
+  void* weights = pool.allocate(64 * MiB, 0);
+  void* output = nullptr;
+  std::vector<std::vector<void*>> seen;
+  std::vector<pool_counters> after;
+  for (int s = 0; s < 75; ++s) {  // 161 large requests a step: the search begins at 8,192
+    std::vector<void*> addresses;
+    std::vector<void*> acts;
+    for (int l = 0; l < 40; ++l)
+      for (std::size_t mib : {3, 6, 2, 4}) {
+        acts.push_back(pool.allocate(mib * MiB, 0));
+        addresses.push_back(acts.back());
+      }
+    void* out = pool.allocate(24 * MiB, 0);
+    addresses.push_back(out);
+    if (output) pool.deallocate_checked(output, 24 * MiB, 0);
+    output = out;
+    for (std::size_t i = acts.size(); i-- > 0;) {
+      const std::size_t mib[] = {3, 6, 2, 4};
+      pool.deallocate_checked(acts[i], mib[i % 4] * MiB, 0);
+    }
+    seen.push_back(addresses);
+    after.push_back(pool.counters());
+    pool.check_invariants();
+  }
+  const auto c = pool.counters();
+  EXPECT_EQ(c.steps_found, 1u);
+  EXPECT_EQ(c.step_period, 161u);
+  EXPECT_GE(c.plans_made, 1u);
+  EXPECT_EQ(c.plans_dropped, 0u);
+  for (int s = 62; s < 75; ++s) {
+    EXPECT_EQ(after[s].pages_mapped, after[s - 1].pages_mapped) << "step " << s;
+    EXPECT_EQ(after[s].pages_unmapped, after[s - 1].pages_unmapped) << "step " << s;
+    EXPECT_EQ(after[s].plan_missed, after[s - 1].plan_missed) << "step " << s;
+    EXPECT_EQ(after[s].plan_placed - after[s - 1].plan_placed, 161u) << "step " << s;
+  }
+  EXPECT_EQ(seen[72], seen[74]);
+  EXPECT_NE(seen[73][160], seen[74][160]) << "the output kept one place in both steps of a pair";
+  pool.deallocate_checked(output, 24 * MiB, 0);
+  pool.deallocate_checked(weights, 64 * MiB, 0);
+  pool.check_invariants();
+}
+
+TEST(plan_steps, a_two_step_plan_dropped_is_made_again) {
+  // A step that changes drops the plan; once the steps repeat again, the next
+  // plan (again over two steps, for the output kept into the next step) holds.
+  planned_program t;
+  auto& pool = t.pool;
+  auto& prog = t.prog;
+  prog.keep_output = true;
+  run_steps(pool, prog, 8);
+  ASSERT_EQ(pool.counters().plans_made, 1u);
+  run_steps(pool, prog, 1, 1.5);
+  run_steps(pool, prog, 1);  // the changed step is judged at this mark
+  ASSERT_EQ(pool.counters().plans_dropped, 1u);
+  run_steps(pool, prog, 12);  // 4 of rest, record, follow, then planned
+  auto c0 = pool.counters();
+  ASSERT_EQ(c0.plans_made, 2u);
+  run_steps(pool, prog, 4);
+  auto c1 = pool.counters();
+  EXPECT_EQ(c1.plans_dropped, 1u);
+  EXPECT_EQ(c1.plan_missed, c0.plan_missed);
+  EXPECT_EQ(c1.pages_mapped, c0.pages_mapped);
+  EXPECT_EQ(c1.plan_placed - c0.plan_placed, 4 * prog.addresses.size());
+  prog.finish();
+  pool.check_invariants();
+  EXPECT_EQ(pool.state().live_bytes, 0u);
+}
+
 TEST(plan_steps, steps_whose_shapes_change_find_no_period) {
   auto dev = std::make_shared<host_page_device>(8 * GiB);
   pool_resource pool(dev, nullptr, planned());
