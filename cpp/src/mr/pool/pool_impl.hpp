@@ -238,7 +238,6 @@ struct pool_resource::impl {
       std::size_t off = 0;           // planned offset from base
       std::size_t off_odd = 0;       // planned offset in odd steps (two_steps)
       bool planned = false;
-      bool carried = false;   // lives past the next step's request of it
       bool pending = false;   // freed while another stream still used it
       block* hint[2] = {nullptr, nullptr};  // the block last placed at off / off_odd (checked before use: it may be gone)
     };

@@ -202,23 +202,16 @@ bool pool_resource::impl::plan_build() {
   // lives, so it needs two places, taken in turn by even and odd steps. The
   // layout is then made over two steps, every block with a place in each (a
   // block placed alike in both could use a carried block's room in neither).
+  // A step of more than max_items / 2 requests gets no two-step layout (twice
+  // the places): its carried blocks are left out.
+  const bool two_steps_fit = 2 * P.items.size() <= step_plan::max_items;
   bool any_carried = false;
   for (auto& it : P.items) {
-    it.carried = false;
     it.planned = it.t1 != 0 && !it.pending && it.t1 > it.t0;
-    if (!it.planned) continue;
-    if (it.t1 > T && it.t1 - T > it.t0) {  // lives past its own request in the next step
-      if (it.t1 - it.t0 >= 2 * T) {
-        it.planned = false;
-        continue;
-      }
-      it.carried = any_carried = true;
+    if (it.planned && it.t1 > T && it.t1 - T > it.t0) {  // lives past its own request in the next step
+      it.planned = two_steps_fit && it.t1 - it.t0 < 2 * T;
+      any_carried = any_carried || it.planned;
     }
-  }
-  if (any_carried && 2 * P.items.size() > step_plan::max_items) {  // twice the places: as if none were carried
-    any_carried = false;
-    for (auto& it : P.items)
-      if (it.carried) it.planned = it.carried = false;
   }
   P.two_steps = any_carried;
   const std::uint64_t C = any_carried ? 2 * T : T;  // the layout's circle
@@ -230,8 +223,7 @@ bool pool_resource::impl::plan_build() {
     std::uint8_t n = 0;
     std::uint64_t lo[2], hi[2];
     std::size_t off = 0;
-    void add(std::uint64_t a, std::uint64_t b, std::uint64_t c) {  // [a, b) on a circle of c, b - a <= c
-      if (a >= c) a -= c, b -= c;
+    void add(std::uint64_t a, std::uint64_t b, std::uint64_t c) {  // [a, b) on a circle of c, a < c, b - a <= c
       if (b <= c) {
         lo[n] = a, hi[n++] = b;
       } else {
