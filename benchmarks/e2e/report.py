@@ -217,6 +217,13 @@ def targets(rows: list[dict]) -> dict:
                 t["met"].append(w)
             else:
                 t["not"].append((w, x))
+        # What the repeats can tell about the warm step: faster where the whole 90 % interval of
+        # the ratio lies at or under 1.00, slower where it lies over, else not told apart.
+        ci = r.get("warm_ms_vs_best_ci") if r.get("runs") else None
+        t = per["warm step <= 1.00x PyTorch's faster"]
+        sides = t.setdefault("interval", {"faster": [], "slower": [], "not told apart": []})
+        if ci:
+            sides["faster" if ci[1] <= 1.0 else "slower" if ci[0] > 1.0 else "not told apart"].append(w)
     return out
 
 
@@ -230,6 +237,9 @@ def targets_text(rows: list[dict]) -> str:
             unit = " %" if "%" in name else ""  # the spread is in %, the others are ratios
             miss = ", ".join(f"{w} {'-' if x is None else f'{x:.3f}{unit}'}" for w, x in t["not"])
             lines.append(f"    {name}: {len(t['met'])} of {n}" + (f" (not: {miss})" if miss else ""))
+            if t.get("interval"):
+                lines.append("      by the 90 % interval of the repeats: " + "; ".join(
+                    f"{side} {len(ws)}" + (f" ({', '.join(ws)})" if ws else "") for side, ws in t["interval"].items()))
     return "\n".join(lines)
 
 

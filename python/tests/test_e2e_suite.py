@@ -200,6 +200,25 @@ def test_targets_name_the_workloads_that_miss_each_one():
     assert "repeats within 1 % on peak reserved: 1 of 3 (not: b 1.818 %, c -)" in text
 
 
+def test_warm_target_says_what_the_repeats_can_tell():
+    """Beside the count, the warm target sorts the workloads by the 90 % interval of the ratio:
+    faster (all of it at or under 1.00), slower (all of it over), or not told apart."""
+    runs = []
+    for rep in range(3):
+        for w in ("a", "b", "d"):
+            runs += [_run(w, "default", 10.0, 150, 200, rep=rep), _run(w, "expandable", 12.0, 120, 170, rep=rep)]
+    runs += [_run("a", "vramkit", 9.0, 102, 160, rep=rep) for rep in range(3)]
+    runs += [_run("b", "vramkit", 11.0, 102, 160, rep=rep) for rep in range(3)]
+    # d: median 9.5 (met), but one repeat at 12: the interval reaches past 1.00
+    runs += [_run("d", "vramkit", x, 102, 160, rep=rep) for rep, x in enumerate((9.0, 9.5, 12.0))]
+    rows = report.summarize(runs, ["a", "b", "d"], ["default", "expandable", "vramkit"])
+    warm = report.targets(rows)["vramkit"]["warm step <= 1.00x PyTorch's faster"]
+    assert warm["met"] == ["a", "d"] and [w for w, _ in warm["not"]] == ["b"]
+    assert warm["interval"] == {"faster": ["a"], "slower": ["b"], "not told apart": ["d"]}
+    text = report.targets_text(rows)
+    assert "by the 90 % interval of the repeats: faster 1 (a); slower 1 (b); not told apart 1 (d)" in text
+
+
 def test_share_of_pages_in_chunks():
     runs = [_run("m", "default", 10.0, 150, 200), _run("m", "vramkit", 9.9, 110, 160),
             _run("m", "vramkit", 11.0, 132, 170, rep=1), _run("m", "vramkit", 10.0, 120, 165, rep=2)]
