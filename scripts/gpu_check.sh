@@ -6,7 +6,14 @@
 #   VRAMKIT_ANCHORS_DIR       the anchors' harness (anchors.py, replay_cuda.cu)
 #   VRAMKIT_GPU_BENCH         comma-separated GPU benchmarks to run after the tests:
 #                             quant, emul (needs VRAMKIT_TRACE_DIR), checkpoint, e2e, access
-#                             (each takes minutes: split them over calls of a time-limited machine)
+#                             (each takes minutes: split them over calls of a time-limited machine),
+#                             quant_variants (below)
+#   VRAMKIT_QUANT_VARIANTS    with quant_variants: builds of the kernels to time beside the
+#                             installed ones, ';'-separated, each a set of nvcc flags, e.g.
+#                             "-DVK_QUANT_ENC_CONTIG=8;-DVK_QUANT_ENC_CONTIG=4". Each is built by
+#                             CMake (the target's own flags plus these), put in the package's place
+#                             for the GPU quantization tests and quant_bench.py --no-model, and the
+#                             installed kernels are put back (also when the script is stopped)
 #   VRAMKIT_GPU_TESTS=0       skip the build and the tests (benchmarks only)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -54,6 +61,48 @@ if [[ $bench == *,quant,* ]]; then
   echo "== quantization kernels against the device's copy bandwidth"
   python3 benchmarks/quant_bench.py --out "$out/quant_bench.json" 2>&1 | tee "$out/quant-bench.txt" | tail -40
   [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+fi
+if [[ $bench == *,quant_variants,* ]]; then
+  echo "== quantization kernels: the installed build and each of VRAMKIT_QUANT_VARIANTS, one call"
+  pkg=$(python3 -c 'import os, vramkit; print(os.path.dirname(vramkit.__file__))')
+  lib="$pkg/libvramkit_kernels.so"
+  if [ ! -f "$lib" ]; then
+    echo "no $lib: the package was built without the kernels"; status=1
+  else
+    cp "$lib" "$out/kernels-installed.so.keep"
+    trap 'cp "$out/kernels-installed.so.keep" "$lib"' EXIT
+    python3 benchmarks/quant_bench.py --no-model 2>&1 | tee "$out/quant-variant-0.txt" | tail -60
+    [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+    IFS=';' read -ra variants <<<"${VRAMKIT_QUANT_VARIANTS:-}"
+    # One compiler process per build (quant.cu is one unit): all variants at once.
+    i=0
+    for flags in "${variants[@]}"; do
+      i=$((i + 1))
+      dir=build/quant-variant-$i
+      ( cmake -S . -B "$dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DVRAMKIT_CUDA=ON -DVRAMKIT_KERNELS=ON \
+          -DVRAMKIT_TESTS=OFF -DVRAMKIT_BENCH=OFF -DVRAMKIT_PYTHON=OFF "-DCMAKE_CUDA_FLAGS=$flags" \
+        && cmake --build "$dir" --target vramkit_kernels ) >"$out/quant-variant-$i.log" 2>&1 &
+    done
+    wait
+    i=0
+    for flags in "${variants[@]}"; do
+      i=$((i + 1))
+      echo "== variant $i: $flags"
+      dir=build/quant-variant-$i
+      if [ ! -f "$dir/libvramkit_kernels.so" ] || grep -q "FAILED\|Error" "$out/quant-variant-$i.log"; then
+        tail -20 "$out/quant-variant-$i.log"; status=1; continue
+      fi
+      cp "$dir/libvramkit_kernels.so" "$lib"
+      python3 -m pytest -m gpu python/tests/test_gpu_quant.py -q -p no:cacheprovider >"$out/quant-variant-$i-tests.log" 2>&1 \
+        || status=1
+      echo "tests: $(tail -1 "$out/quant-variant-$i-tests.log")"
+      python3 benchmarks/quant_bench.py --no-model 2>&1 | tee "$out/quant-variant-$i.txt" | tail -60
+      [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
+      cp "$out/kernels-installed.so.keep" "$lib"
+    done
+    rm -f "$out/kernels-installed.so.keep"
+    trap - EXIT
+  fi
 fi
 if [[ $bench == *,emul,* ]]; then
   echo "== PyTorch allocator emulation against the real allocator"
