@@ -189,13 +189,14 @@ int main(int argc, char** argv) {
     // Driver time as an H100 charged it per handle (create 8.7 us, map 1.05 + set access 28.2,
     // unmap 19.3, release 13.1), taken as the same for any handle size: a model, not a timing.
     // A chunk (chunk_size) is one handle for all its pages.
-    const std::size_t per_chunk = pool.options().chunk_size / pool.page_size();
-    auto driver_ms = [per_chunk](const vramkit::pool_counters& c0, const vramkit::pool_counters& c1) {
+    auto driver_ms = [](const vramkit::pool_counters& c0, const vramkit::pool_counters& c1) {
       const std::size_t cc = c1.chunks_created - c0.chunks_created, cr = c1.chunks_released - c0.chunks_released;
-      const double h_created = static_cast<double>(c1.pages_created - c0.pages_created - cc * per_chunk + cc),
-                   h_mapped = static_cast<double>(c1.pages_mapped - c0.pages_mapped - cc * per_chunk + cc),
-                   h_unmapped = static_cast<double>(c1.pages_unmapped - c0.pages_unmapped - cr * per_chunk + cr),
-                   h_destroyed = static_cast<double>(c1.pages_destroyed - c0.pages_destroyed - cr * per_chunk + cr);
+      const std::size_t pc = c1.chunk_pages_created - c0.chunk_pages_created,
+                        pr = c1.chunk_pages_released - c0.chunk_pages_released;
+      const double h_created = static_cast<double>(c1.pages_created - c0.pages_created - pc + cc),
+                   h_mapped = static_cast<double>(c1.pages_mapped - c0.pages_mapped - pc + cc),
+                   h_unmapped = static_cast<double>(c1.pages_unmapped - c0.pages_unmapped - pr + cr),
+                   h_destroyed = static_cast<double>(c1.pages_destroyed - c0.pages_destroyed - pr + cr);
       return (8.7 * h_created + 29.25 * h_mapped + 19.3 * h_unmapped + 13.1 * h_destroyed) / 1000.0;
     };
     auto sc = pool.counters();

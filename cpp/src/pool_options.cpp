@@ -132,6 +132,7 @@ void pool_options::parse(const std::string& conf) {
       else if (k == "va_factor") o.va_factor = parse_real(k, v);
       else if (k == "map_ahead") o.map_ahead = size();
       else if (k == "chunk_size") o.chunk_size = size();
+      else if (k == "chunk_min_size") o.chunk_min_size = size();
       else if (k == "growth_chunks") o.growth_chunks = parse_bool(k, v);
       else if (k == "plan_steps") o.plan_steps = parse_bool(k, v);
       else if (k == "remap") o.remap = parse_bool(k, v);
@@ -153,7 +154,7 @@ void pool_options::parse(const std::string& conf) {
                                "' (known: alignment, page_size, small_threshold, small_segment, large_rounding, "
                                "reserve_limit, release_threshold, growth_slack, remap, wait_to_remap, keep_mappings, remap_own, "
                                "remap_own_slack, "
-                               "map_ahead, chunk_size, growth_chunks, plan_steps, va_factor)");
+                               "map_ahead, chunk_size, chunk_min_size, growth_chunks, plan_steps, va_factor)");
     } catch (const invalid_argument&) {
       throw;
     } catch (const std::exception&) {
@@ -190,7 +191,7 @@ std::string pool_options::to_string() const {
        ",wait_to_remap:" + (wait_to_remap ? "true" : "false") + ",keep_mappings:" + (keep_mappings ? "true" : "false") +
        ",remap_own:" + (remap_own ? "true" : "false") + ",remap_own_slack:" + format_fixed(remap_own_slack, 4) +
        ",map_ahead:" + to_string(map_ahead) + ",chunk_size:" + to_string(chunk_size) +
-       ",growth_chunks:" + (growth_chunks ? "true" : "false") + ",plan_steps:" + (plan_steps ? "true" : "false") +
+       ",chunk_min_size:" + to_string(chunk_min_size) + ",growth_chunks:" + (growth_chunks ? "true" : "false") + ",plan_steps:" + (plan_steps ? "true" : "false") +
        ",va_factor:" + format_fixed(va_factor, 2);
   return s;
 }

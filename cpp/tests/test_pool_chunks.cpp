@@ -373,3 +373,133 @@ TEST(pool_chunks, chunk_size_must_be_pages) {
   EXPECT_NE(o.to_string().find("chunk_size:16777216"), std::string::npos);
   EXPECT_THROW(o.parse("chunk_size:lots"), invalid_argument);
 }
+
+// chunk_min_size: where a whole chunk does not fit inside a block, halves of
+// it, quarters, ... down to chunk_min_size, each at a multiple of its size.
+pool_options split_chunks(std::size_t chunk, std::size_t min, double slack = 0.02) {
+  pool_options o = chunks(chunk, slack);
+  o.chunk_min_size = min;
+  return o;
+}
+
+TEST(pool_chunks, chunk_min_size_covers_a_block_with_halves_of_chunks) {
+  auto dev = std::make_shared<host_page_device>(4 * GiB);
+  pool_resource pool(dev, nullptr, split_chunks(16 * MiB, 4 * MiB));
+  // 60 MiB at the large arena's start: pages 0..29. Chunks of 8 pages over
+  // 0..23, one of 4 over 24..27, one of 2 over 28..29: five handles. With
+  // chunks of one size: three chunks and six single pages, nine handles.
+  void* a = pool.allocate(60 * MiB, 0);
+  auto c = pool.counters();
+  EXPECT_EQ(c.chunks_created, 5u);
+  EXPECT_EQ(c.chunk_pages_created, 30u);
+  EXPECT_EQ(c.pages_created, 30u);
+  EXPECT_EQ(pool.usage().in_chunks, 30u);
+  consistent(pool, *dev);
+  std::memset(a, 0x5a, 60 * MiB);
+  // A block starting at an odd page (31): a single page there, then the
+  // largest chunk each place takes.
+  void* keep = pool.allocate(2 * MiB, 0);   // page 30
+  void* b = pool.allocate(24 * MiB, 0);     // pages 31..42: 31 single, 32..39 chunk of 8, 40..41 of 2, 42 single
+  EXPECT_EQ(pool.counters().chunks_created, 7u);
+  EXPECT_EQ(pool.counters().chunk_pages_created, 40u);
+  consistent(pool, *dev);
+  std::memset(b, 1, 24 * MiB);
+  auto dev1 = std::make_shared<host_page_device>(4 * GiB);
+  pool_resource one(dev1, nullptr, chunks(16 * MiB));
+  void* o = one.allocate(60 * MiB, 0);
+  EXPECT_EQ(one.counters().chunks_created, 3u);
+  EXPECT_EQ(one.counters().chunk_pages_created, 24u);
+  EXPECT_EQ(one.counters().pages_created, 30u);
+  one.deallocate(o, 60 * MiB, 0);
+  for (auto [p, n] : {std::pair{a, 60 * MiB}, {keep, 2 * MiB}, {b, 24 * MiB}}) pool.deallocate(p, n, 0);
+  pool.release_cached();
+  consistent(pool, *dev);
+  EXPECT_EQ(dev->created_bytes(), 0u);
+  EXPECT_EQ(pool.counters().chunks_released, pool.counters().chunks_created);
+  EXPECT_EQ(pool.counters().chunk_pages_released, pool.counters().chunk_pages_created);
+}
+
+TEST(pool_chunks, a_small_chunk_in_free_memory_goes_back_when_memory_must_move) {
+  auto dev = std::make_shared<host_page_device>(4 * GiB);
+  pool_resource pool(dev, nullptr, split_chunks(16 * MiB, 4 * MiB, 0.0));
+  void* a = pool.allocate(12 * MiB, 0);     // pages 0..5: a chunk of 4 pages, one of 2
+  void* keep = pool.allocate(2 * MiB, 0);   // page 6
+  ASSERT_EQ(pool.counters().chunks_created, 2u);
+  pool.deallocate(a, 12 * MiB, 0);
+  // 20 MiB do not fit in a's place; with no slack, memory moves: a's chunks
+  // (wholly in free memory) go back and pages are made where b goes.
+  void* b = pool.allocate(20 * MiB, 0);
+  EXPECT_EQ(pool.counters().chunks_released, 2u);
+  EXPECT_EQ(pool.counters().chunk_pages_released, 6u);
+  consistent(pool, *dev);
+  EXPECT_LE(pool.state().reserved_bytes, 22 * MiB + 4 * MiB);
+  std::memset(b, 3, 20 * MiB);
+  pool.deallocate(b, 20 * MiB, 0);
+  pool.deallocate(keep, 2 * MiB, 0);
+  pool.release_cached();
+  consistent(pool, *dev);
+  EXPECT_EQ(dev->created_bytes(), 0u);
+}
+
+TEST(pool_chunks, chunk_min_size_random_work_keeps_the_invariants) {
+  for (int growth : {0, 1})
+    for (auto [chunk, min] : {std::pair{16 * MiB, 4 * MiB}, {64 * MiB, 4 * MiB}, {16 * MiB, 8 * MiB}}) {
+      auto dev = std::make_shared<host_page_device>(8 * GiB);
+      pool_options o = split_chunks(chunk, min);
+      o.reserve_limit = 3 * GiB;
+      o.growth_chunks = growth != 0;
+      pool_resource pool(dev, nullptr, o);
+      std::mt19937_64 rng(static_cast<unsigned>((chunk + min) >> 20));
+      std::vector<std::pair<void*, std::size_t>> live;
+      std::size_t small_chunks = 0;
+      for (int i = 0; i < 4000; ++i) {
+        if (live.empty() || rng() % 100 < 55) {
+          std::size_t n = rng() % 4 == 0 ? (1 + rng() % 200) * MiB : 1 + rng() % (4 * MiB);
+          try {
+            void* p = pool.allocate(n, rng() % 3 == 0 ? 7 : 0);
+            static_cast<char*>(p)[n - 1] = 1;
+            live.emplace_back(p, n);
+          } catch (const out_of_memory&) {
+          }
+        } else {
+          std::size_t k = rng() % live.size();
+          pool.deallocate(live[k].first, live[k].second, 0);
+          live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
+        }
+        auto c = pool.counters();
+        small_chunks += c.chunk_pages_created != c.chunks_created * (chunk / PG);
+        if (i % 97 == 0) pool.check_invariants();
+        if (i % 1000 == 999) pool.release_cached();
+      }
+      consistent(pool, *dev);
+      for (auto& [p, n] : live) pool.deallocate(p, n, 0);
+      pool.release_cached();
+      consistent(pool, *dev);
+      EXPECT_EQ(dev->created_bytes(), 0u) << chunk << " " << min;
+      EXPECT_GT(small_chunks, 0u) << "no chunk smaller than chunk_size was made";
+      EXPECT_EQ(pool.counters().chunk_pages_released, pool.counters().chunk_pages_created);
+    }
+}
+
+TEST(pool_chunks, chunk_min_size_must_divide_chunk_size_by_a_power_of_two) {
+  auto dev = std::make_shared<host_page_device>(GiB);
+  EXPECT_THROW(pool_resource(dev, nullptr, split_chunks(16 * MiB, 2 * MiB)), invalid_argument);   // one page
+  EXPECT_THROW(pool_resource(dev, nullptr, split_chunks(16 * MiB, 32 * MiB)), invalid_argument);  // over chunk_size
+  EXPECT_THROW(pool_resource(dev, nullptr, split_chunks(24 * MiB, 8 * MiB)), invalid_argument);   // 3x
+  EXPECT_THROW(pool_resource(dev, nullptr, split_chunks(16 * MiB, 5 * MiB)), invalid_argument);   // not pages
+  {
+    // Equal to chunk_size: chunks of one size, as without it.
+    pool_resource same(dev, nullptr, split_chunks(16 * MiB, 16 * MiB));
+    void* p = same.allocate(60 * MiB, 0);
+    EXPECT_EQ(same.counters().chunks_created, 3u);
+    same.deallocate(p, 60 * MiB, 0);
+  }
+  pool_options o;
+  o.parse("chunk_size:64MiB,chunk_min_size:4MiB");
+  EXPECT_EQ(o.chunk_min_size, 4 * MiB);
+  EXPECT_NE(o.to_string().find("chunk_min_size:4194304"), std::string::npos);
+  pool_options back;
+  back.parse(o.to_string());
+  EXPECT_EQ(back.chunk_min_size, 4 * MiB);
+  EXPECT_THROW(o.parse("chunk_min_size:few"), invalid_argument);
+}

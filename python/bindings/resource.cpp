@@ -123,6 +123,8 @@ void bind_resource(nb::module_& m) {
             d["chunks_created"] = c.chunks_created;
             d["chunks_released"] = c.chunks_released;
             d["growth_chunks"] = c.growth_chunks;
+            d["chunk_pages_created"] = c.chunk_pages_created;
+            d["chunk_pages_released"] = c.chunk_pages_released;
             d["pages_taken_early"] = c.pages_taken_early;
             d["early_waits"] = c.early_waits;
             d["plans_made"] = c.plans_made;

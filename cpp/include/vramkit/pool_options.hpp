@@ -73,6 +73,13 @@ struct pool_options {
   // 7-26 % faster (docs/BENCHMARKS.md section 5). 0, or at most one page:
   // single pages only.
   std::size_t chunk_size = std::size_t{16} << 20;
+  // With chunks: the smallest chunk (bytes, 0: chunk_size, chunks of one
+  // size). Where a whole chunk_size does not fit inside a block, the pool
+  // makes chunks of half, a quarter, ... of it down to chunk_min_size, each
+  // at a multiple of its own size, so a block's interior takes a few handles
+  // instead of a run of single pages: the driver charges per handle, not per
+  // byte. chunk_size must be chunk_min_size times a power of two.
+  std::size_t chunk_min_size = 0;
   // With chunks: where a block's first or last pages lie in an empty
   // chunk-aligned place that reaches past it only into the free blocks next
   // to it, that whole chunk is made (the rest of it stays free, mapped), so

@@ -4,6 +4,7 @@
 #include "vramkit/mr/pool_resource.hpp"
 
 #include <algorithm>
+#include <bit>
 #include <vector>
 
 #include "pool/pool_impl.hpp"
@@ -49,6 +50,16 @@ void pool_resource::impl::init_paged() {
       throw invalid_argument("chunk_size " + std::to_string(opt.chunk_size) + " must be a multiple of the page size (" +
                              std::to_string(page) + " bytes), or at most one page for none");
     chunk = opt.chunk_size / page;
+    chunk_min = chunk;
+    if (opt.chunk_min_size) {
+      const std::size_t m = opt.chunk_min_size;
+      if (m % page || m / page < 2 || m > opt.chunk_size || chunk % (m / page) ||
+          !std::has_single_bit(chunk / (m / page)))
+        throw invalid_argument("chunk_min_size " + std::to_string(m) +
+                               " must be at least two pages and divide chunk_size (" +
+                               std::to_string(opt.chunk_size) + ") by a power of two, or 0 for chunks of one size");
+      chunk_min = m / page;
+    }
   }
   std::size_t va = round_up(static_cast<std::size_t>(static_cast<double>(capacity) * opt.va_factor), page);
   va = std::max(va, page * 64);
@@ -116,7 +127,7 @@ pool_resource::impl::~impl() {
     if (a->paged) {
       for (std::size_t p = 0; p < a->top; ++p)
         if (a->in_chunk(p)) {
-          if (p % chunk == 0) pages->destroy(a->handles[p]);  // one handle for the chunk's pages
+          if (chunk_span(a, p).first == p) pages->destroy(a->handles[p]);  // one handle for the chunk's pages
         } else if (a->handles[p])
           pages->destroy(a->handles[p]);
         else if (a->ahead(p))

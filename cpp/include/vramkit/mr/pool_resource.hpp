@@ -33,6 +33,8 @@ struct pool_counters {
   std::size_t chunks_created = 0;   // chunk_size: chunks made (their pages count in pages_created/mapped)
   std::size_t chunks_released = 0;  // chunk_size: chunks given back (their pages count in pages_destroyed/unmapped)
   std::size_t growth_chunks = 0;    // growth_chunks: chunks made reaching past their block (in chunks_created)
+  std::size_t chunk_pages_created = 0;   // chunk_size: pages of the chunks made (chunk_min_size: of any size)
+  std::size_t chunk_pages_released = 0;  // chunk_size: pages of the chunks given back
   std::size_t pages_taken_early = 0; // remap_own: pages moved from the requester's own free blocks before its
                                      // stream's work was known done (in pages_remapped)
   std::size_t early_waits = 0;       // remap_own: waits for the GPU before an old address of such a page was unmapped

@@ -14,42 +14,72 @@
 
 namespace vramkit {
 
-// Whether the chunk-aligned place at page c of arena a holds nothing: no page
+// Whether the place of n pages at page c of arena a holds nothing: no page
 // mapped, kept mapped, made ahead, or being made ahead by the helper thread.
-bool pool_resource::impl::empty_chunk_place(const detail::arena* a, std::size_t c) const {
-  if (inflight.active && inflight.a == a && c < inflight.first + inflight.count && inflight.first < c + chunk)
+bool pool_resource::impl::empty_chunk_place(const detail::arena* a, std::size_t c, std::size_t n) const {
+  if (inflight.active && inflight.a == a && c < inflight.first + inflight.count && inflight.first < c + n)
     return false;
-  for (std::size_t p = c; p < c + chunk; ++p)
+  for (std::size_t p = c; p < c + n; ++p)
     if (a->mapped(p) || a->ahead(p) || a->phys[p]) return false;
   return true;
 }
 
-// Creates a chunk and maps it whole at page c of arena a (an empty place);
-// false when the device has no room for one (or makes none).
-bool pool_resource::impl::make_chunk_at(detail::arena* a, std::size_t c) {
-  page_handle h = pages->create_chunk(chunk);
+// The chunk holding page p: the run of chunk pages under p's handle. It lies
+// inside the chunk_size-aligned place around p (every size divides chunk_size
+// and a chunk sits at a multiple of its own size).
+std::pair<std::size_t, std::size_t> pool_resource::impl::chunk_span(const detail::arena* a,
+                                                                    std::size_t p) const noexcept {
+  if (chunk_min == chunk) return {p / chunk * chunk, chunk};
+  const std::size_t w = p / chunk * chunk;
+  const page_handle h = a->handles[p];
+  std::size_t lo = p, hi = p + 1;
+  while (lo > w && a->in_chunk(lo - 1) && a->handles[lo - 1] == h) --lo;
+  while (hi < w + chunk && a->in_chunk(hi) && a->handles[hi] == h) ++hi;
+  return {lo, hi - lo};
+}
+
+std::pair<std::size_t, std::size_t> pool_resource::impl::chunks_inside(const detail::arena* a, std::size_t lo,
+                                                                       std::size_t hi) const noexcept {
+  if (chunk_min == chunk) return {round_up(lo, chunk), hi / chunk * chunk};
+  std::size_t clo = lo, chi = hi;
+  if (lo < hi && a->in_chunk(lo)) {
+    const auto [c, n] = chunk_span(a, lo);
+    if (c < lo) clo = c + n;
+  }
+  if (lo < hi && a->in_chunk(hi - 1)) {
+    const auto [c, n] = chunk_span(a, hi - 1);
+    if (c + n > hi) chi = c;
+  }
+  return {clo, std::max(clo, chi)};
+}
+
+// Creates a chunk of n pages and maps it whole at page c of arena a (an empty
+// place); false when the device has no room for one (or makes none).
+bool pool_resource::impl::make_chunk_at(detail::arena* a, std::size_t c, std::size_t n) {
+  page_handle h = pages->create_chunk(n);
   if (!h) return false;
   try {
-    pages->map_chunk(a->base + c * page, h, chunk);
+    pages->map_chunk(a->base + c * page, h, n);
   } catch (...) {
     pages->destroy(h);
     throw;
   }
-  for (std::size_t p = c; p < c + chunk; ++p) {
+  for (std::size_t p = c; p < c + n; ++p) {
     a->handles[p] = h;
     a->phys[p] = h;
     a->set_mapped(p, true);
     a->set_in_chunk(p, true);
   }
-  const std::size_t bytes = chunk * page;
-  a->top = std::max(a->top, c + chunk);
+  const std::size_t bytes = n * page;
+  a->top = std::max(a->top, c + n);
   reserved += bytes;
   peak_reserved = std::max(peak_reserved, reserved);
-  chunk_pages += chunk;
-  ctr.pages_created += chunk;
-  ctr.pages_mapped += chunk;
+  chunk_pages += n;
+  ctr.pages_created += n;
+  ctr.pages_mapped += n;
   ++ctr.map_calls;
   ++ctr.chunks_created;
+  ctr.chunk_pages_created += n;
   ++st.upstream_allocs;
   st.upstream_alloc_bytes += bytes;
   return true;
@@ -62,17 +92,25 @@ bool pool_resource::impl::make_chunk_at(detail::arena* a, std::size_t c) {
 std::size_t pool_resource::impl::make_chunks(detail::arena* a, std::uintptr_t addr, std::size_t size,
                                              std::size_t need_live, std::size_t want,
                                              std::vector<std::size_t>& made) {
-  if (chunk < 2 || a->chunk_bits.empty() || want < chunk || !chunks_now()) return 0;
+  if (chunk < 2 || a->chunk_bits.empty() || want < chunk_min || !chunks_now()) return 0;
   const std::size_t lo = round_up(addr - a->base, page) / page;
   const std::size_t hi = (addr + size - a->base) / page;
-  made.reserve(made.size() + want / chunk + 1);  // no allocation once a chunk is made
+  made.reserve(made.size() + want / chunk_min + 1);  // no allocation once a chunk is made
   std::size_t covered = 0;
-  for (std::size_t c = round_up(lo, chunk); c + chunk <= hi && covered + chunk <= want; c += chunk) {
-    if (!empty_chunk_place(a, c)) continue;
-    if (!may_grow_by(chunk * page, chunk * page, need_live)) break;
-    if (!make_chunk_at(a, c)) break;  // no room for a whole chunk (or none made): single pages do the rest
+  // Each place takes the largest chunk that sits at a multiple of its size,
+  // fits inside, is empty and is still wanted (chunk_min_size: halves down to it).
+  for (std::size_t c = round_up(lo, chunk_min); c + chunk_min <= hi && covered + chunk_min <= want;) {
+    std::size_t n = chunk;
+    while (n >= chunk_min && (c % n || c + n > hi || covered + n > want || !empty_chunk_place(a, c, n))) n /= 2;
+    if (n < chunk_min || n < 2) {
+      c += chunk_min;
+      continue;
+    }
+    if (!may_grow_by(n * page, n * page, need_live)) break;
+    if (!make_chunk_at(a, c, n)) break;  // no room for a whole chunk (or none made): single pages do the rest
     made.push_back(c);
-    covered += chunk;
+    covered += n;
+    c += n;
   }
   return covered;
 }
@@ -98,9 +136,9 @@ std::size_t pool_resource::impl::make_growth_chunk(block* b, std::size_t size, s
     block* n = b->next;
     if (out_before && !(p && p->state == block::free_state && p->addr <= lo)) continue;
     if (out_after && !(n && n->state == block::free_state && n->addr + n->size >= hi)) continue;
-    if (!empty_chunk_place(a, c) || !may_grow_by(chunk * page, 0, need_live)) continue;
+    if (!empty_chunk_place(a, c, chunk) || !may_grow_by(chunk * page, 0, need_live)) continue;
     made.reserve(made.size() + 1);
-    if (!make_chunk_at(a, c)) break;
+    if (!make_chunk_at(a, c, chunk)) break;
     made.push_back(c);
     before |= out_before;
     after |= out_after;
@@ -121,25 +159,29 @@ void pool_resource::impl::recount_free(block* f) noexcept {
   slots.insert(f, s);
 }
 
-// Unmaps and destroys the chunk at page c of arena a (its pages become
-// unmapped; the free block around them is the caller's to update).
-void pool_resource::impl::give_back_chunk(detail::arena* a, std::size_t c) noexcept {
+// Unmaps and destroys the chunk starting at page c of arena a (its pages
+// become unmapped; the free block around them is the caller's to update).
+// Returns its pages.
+std::size_t pool_resource::impl::give_back_chunk(detail::arena* a, std::size_t c) noexcept {
+  const std::size_t n = chunk_span(a, c).second;
   const page_handle h = a->handles[c];
-  pages->unmap(a->base + c * page, chunk);
+  pages->unmap(a->base + c * page, n);
   pages->destroy(h);
-  for (std::size_t p = c; p < c + chunk; ++p) {
+  for (std::size_t p = c; p < c + n; ++p) {
     a->handles[p] = 0;
     a->phys[p] = 0;
     a->set_mapped(p, false);
     a->set_in_chunk(p, false);
   }
-  reserved -= chunk * page;
-  chunk_pages -= chunk;
-  ctr.pages_unmapped += chunk;
-  ctr.pages_destroyed += chunk;
+  reserved -= n * page;
+  chunk_pages -= n;
+  ctr.pages_unmapped += n;
+  ctr.pages_destroyed += n;
   ++ctr.chunks_released;
+  ctr.chunk_pages_released += n;
   ++st.upstream_frees;
-  st.upstream_free_bytes += chunk * page;
+  st.upstream_free_bytes += n * page;
+  return n;
 }
 
 // Gives back the chunks a backing that did not complete made.

@@ -1,6 +1,7 @@
 // Diagnostics: the invariants tests check after every step, the reports
 // (state, segments, page usage) and the out-of-memory message.
 #include <algorithm>
+#include <bit>
 #include <string>
 #include <vector>
 
@@ -105,12 +106,14 @@ void pool_resource::impl::check() const {
         }
         if (a->in_chunk(p)) {
           // A chunk: mapped whole, one handle, at a multiple of its size.
-          const std::size_t c = p / chunk * chunk;
-          if (c + chunk > a->top || !a->mapped(p) || a->handles[p] != a->handles[c] || a->phys[p] != a->handles[p] ||
+          const auto [c, n] = chunk_span(a, p);
+          if (n < chunk_min || n > chunk || chunk % n || !std::has_single_bit(chunk / n) || c % n)
+            fail("a chunk is not a power-of-two part of chunk_size at a multiple of its size");
+          if (c + n > a->top || !a->mapped(p) || a->handles[p] != a->handles[c] || a->phys[p] != a->handles[p] ||
               !a->handles[p])
             fail("a chunk is not mapped whole under one handle");
           if (p == c) {
-            for (std::size_t q = c; q < c + chunk; ++q)
+            for (std::size_t q = c; q < c + n; ++q)
               if (!a->in_chunk(q)) fail("a chunk is not mapped whole under one handle");
             in_use.push_back(a->handles[p]);
           }
@@ -237,11 +240,16 @@ pool_resource::page_usage pool_resource::impl::usage() const {
       u.live_overlap[a->small] += live[p];
     }
     if (chunk >= 2 && !a->chunk_bits.empty())
-      for (std::size_t c = 0; c + chunk <= np; c += chunk) {
-        if (!a->in_chunk(c)) continue;
+      for (std::size_t c = 0; c < np;) {
+        if (!a->in_chunk(c)) {
+          ++c;
+          continue;
+        }
+        const std::size_t n = chunk_span(a, c).second;
         std::size_t n_live = 0;
-        for (std::size_t p = c; p < c + chunk; ++p) n_live += live[p];
-        if (n_live && n_live < chunk) u.chunk_free_held += chunk - n_live;
+        for (std::size_t p = c; p < c + n; ++p) n_live += live[p];
+        if (n_live && n_live < n) u.chunk_free_held += n - n_live;
+        c += n;
       }
   }
   u.spare = spare_handles.size();

@@ -61,7 +61,7 @@ bool pool_resource::impl::back(block* b, std::size_t size, std::size_t need_live
       if (b->next && b->next->state == block::free_state) self->recount_free(b->next);
     }
   } undo_chunks_guard{this, b, false, false};
-  if (chunk && !a->small && n >= chunk && n > spare_handles.size()) {
+  if (chunk && !a->small && n >= chunk_min && n > spare_handles.size()) {
     undo_chunks_guard.armed = true;
     n -= make_chunks(a, addr, size, need_live, n - spare_handles.size(), chunks_made);
   }

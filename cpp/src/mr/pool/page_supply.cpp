@@ -61,7 +61,7 @@ std::size_t pool_resource::impl::steal(std::uint32_t slot, std::size_t want, std
   auto movable_top = [&](const block* x, std::size_t lo, std::size_t hi) {
     const detail::arena* xa = x->ar;
     if (xa->chunk_bits.empty() || !chunk_pages) return last_mapped_page(xa, lo, hi - 1);
-    const std::size_t clo = round_up(lo, chunk), chi = hi / chunk * chunk;  // chunks wholly inside
+    const auto [clo, chi] = chunks_inside(xa, lo, hi);  // chunk pages there: chunks wholly inside
     return detail::last_page_where(lo, hi - 1, [&](std::size_t w) {
       return xa->mapped_bits[w] & ~(xa->chunk_bits[w] & (mark ? ~std::uint64_t{0} : ~detail::word_range(w, clo, chi)));
     });
@@ -69,8 +69,8 @@ std::size_t pool_resource::impl::steal(std::uint32_t slot, std::size_t want, std
   auto movable = [&](const detail::arena* xa, std::size_t p, std::size_t lo, std::size_t hi) {
     if (!xa->mapped(p)) return false;
     if (!xa->in_chunk(p)) return true;
-    std::size_t c = p / chunk * chunk;
-    return !mark && c >= lo && c + chunk <= hi;
+    const auto [c, k] = chunk_span(xa, p);
+    return !mark && c >= lo && c + k <= hi;
   };
   std::size_t lo = 0, hi = 0, p = 0;
   auto try_block = [&](const block* x) {
@@ -120,9 +120,9 @@ std::size_t pool_resource::impl::steal(std::uint32_t slot, std::size_t want, std
   }
   detail::arena* a = b->ar;
   if (a->in_chunk(p)) {
-    give_back_chunk(a, p / chunk * chunk);
-    slots.pages_taken(b, chunk);
-    return chunk;
+    const std::size_t k = give_back_chunk(a, chunk_span(a, p).first);
+    slots.pages_taken(b, k);
+    return k;
   }
   std::size_t first = p;
   while (first > lo && a->mapped(first - 1) && !a->in_chunk(first - 1) && p + 1 - first < want) --first;

@@ -55,6 +55,7 @@ struct pool_resource::impl {
   pool_options opt;
   std::size_t page = 0;      // page size (paged) or segment granularity
   std::size_t chunk = 0;     // chunk_size in pages (0: no chunks)
+  std::size_t chunk_min = 0; // chunk_min_size in pages (chunk: chunks of one size)
   std::size_t capacity = 0;  // device capacity
   std::size_t limit = 0;     // reserve limit in force
   int dev = 0;
@@ -172,11 +173,16 @@ struct pool_resource::impl {
   void undo_chunks(detail::arena* a, const std::vector<std::size_t>& made) noexcept;
   std::size_t make_growth_chunk(block* b, std::size_t size, std::size_t need_live, std::vector<std::size_t>& made);
   void recount_free(block* f) noexcept;
-  bool empty_chunk_place(const detail::arena* a, std::size_t c) const;
+  bool empty_chunk_place(const detail::arena* a, std::size_t c, std::size_t n) const;
+  // The chunk holding page p (in a chunk): its first page and its pages.
+  std::pair<std::size_t, std::size_t> chunk_span(const detail::arena* a, std::size_t p) const noexcept;
+  // The pages of [lo, hi) that chunks reaching outside it may not hold: [clo, chi)
+  // (chunk pages in it lie in chunks wholly inside [lo, hi)).
+  std::pair<std::size_t, std::size_t> chunks_inside(const detail::arena* a, std::size_t lo, std::size_t hi) const noexcept;
   // plan_steps: chunks only before the first mark (step_plan.cpp)
   bool chunks_now() const noexcept { return plan.ph == step_plan::phase::off; }
-  bool make_chunk_at(detail::arena* a, std::size_t c);
-  void give_back_chunk(detail::arena* a, std::size_t c) noexcept;
+  bool make_chunk_at(detail::arena* a, std::size_t c, std::size_t n);
+  std::size_t give_back_chunk(detail::arena* a, std::size_t c) noexcept;  // returns its pages
 
   // ---- page mapping (page_mapping.cpp) -----------------------------------
   bool back(block* b, std::size_t size, std::size_t need_live, std::uint32_t slot, std::size_t& newly);

@@ -116,10 +116,14 @@ bool pool_resource::impl::plan_give_back_chunks() noexcept {
     detail::arena* a = b->ar;
     if (a->small || a->chunk_bits.empty()) continue;
     const std::size_t lo = round_up(b->addr - a->base, page) / page, hi = (b->addr + b->size - a->base) / page;
-    for (std::size_t c = round_up(lo, chunk); c + chunk <= hi; c += chunk)
+    const auto [clo, chi] = chunks_inside(a, lo, hi);
+    for (std::size_t c = round_up(clo, chunk_min); c < chi;)
       if (a->in_chunk(c)) {
-        give_back_chunk(a, c);
-        slots.pages_taken(b, chunk);
+        const std::size_t first = chunk_span(a, c).first, k = give_back_chunk(a, first);
+        slots.pages_taken(b, k);
+        c = first + k;
+      } else {
+        c += chunk_min;
       }
   }
   return wait;
