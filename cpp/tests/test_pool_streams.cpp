@@ -241,6 +241,7 @@ struct config {
   bool remap_own = false;
   bool growth_chunks = false;
   int event_faults = 0;
+  std::size_t chunk_min = 0;  // chunk_min_size in pages (0: chunks of one size)
 };
 
 void run(const config& c, std::uint64_t seed, int iters, pool_counters* out = nullptr,
@@ -261,6 +262,7 @@ void run(const config& c, std::uint64_t seed, int iters, pool_counters* out = nu
   o.remap_own = c.remap_own;
   o.growth_chunks = c.growth_chunks;
   if (c.chunk) o.chunk_size = c.chunk * PG;
+  o.chunk_min_size = c.chunk_min * PG;
   struct held {
     std::uintptr_t p;
     std::size_t n;
@@ -336,7 +338,8 @@ void run(const config& c, std::uint64_t seed, int iters, pool_counters* out = nu
     const pool_counters& k = final_counters;
     const std::string chunked = c.chunk ? " chunk " + std::to_string(c.chunk) + " chunks " +
                                               std::to_string(final_counters.chunks_created) + "/" +
-                                              std::to_string(final_counters.chunks_released)
+                                              std::to_string(final_counters.chunks_released) +
+                                              (c.chunk_min ? " min " + std::to_string(c.chunk_min) : "")
                                         : "";
     std::printf("digest streams %d progress %d faults %d slack %.2f keep %d%s%s seed %llu: addrs %016llx "
                 "peak_reserved %zu created %zu destroyed %zu mapped %zu unmapped %zu remapped %zu reused %zu "
@@ -374,6 +377,8 @@ TEST(pool_streams, lagging_gpu_queues_faults_and_physical_pages) {
       {3, 2, 7, 0.02, true, 4, true}, {2, 0, 7, 0.0, true, 8, true},
       // Chunks at blocks' ends, with and without remap_own.
       {3, 2, 7, 0.02, true, 4, false, true}, {2, 3, 0, 0.0, true, 4, true, true},
+      // Chunks of 8, 4 and 2 pages (chunk_min_size), with remap_own and at blocks' ends.
+      {3, 2, 7, 0.02, true, 8, true, false, 0, 2}, {2, 3, 0, 0.0, true, 8, true, true, 0, 2},
   };
   // Seeds 32 and 37 once found a page given back while an old address of it
   // was still mapped.
@@ -393,7 +398,7 @@ TEST(pool_streams, lagging_gpu_queues_faults_and_physical_pages) {
                                       << c.fault_every << ", growth_slack "
                                       << c.growth_slack << ", keep_mappings " << c.keep_mappings << ", chunk " << c.chunk
                                       << ", remap_own " << c.remap_own << ", growth_chunks " << c.growth_chunks
-                                      << ", seed " << seed);
+                                      << ", chunk_min " << c.chunk_min << ", seed " << seed);
       pool_counters k;
       run(c, seed, 10000, &k);
       if (HasFatalFailure()) return;

@@ -85,6 +85,11 @@
 //                chunk lying wholly inside a free block is given back instead
 //                (its room lets single pages be made), and trim gives chunks
 //                back the same way. `chunk_bits` marks its pages.
+//                chunk_min_size: where a whole chunk does not fit, chunks of
+//                chunk/2, chunk/4, ... down to `chunk_min` pages, each at a
+//                multiple of its own size (so inside one chunk place); a
+//                chunk's extent is the run of chunk pages under one handle
+//                (chunk_span).
 //   step plan    (plan_steps) One recorded step's large requests laid out at
 //                fixed offsets (largest first, lowest free offset over each
 //                block's lifetime, the step a circle) in the address space
