@@ -53,7 +53,7 @@ namespace {
 #define VK_QUANT_DEC_STCS 1
 #endif
 #ifndef VK_QUANT_ENC_CONTIG
-#define VK_QUANT_ENC_CONTIG 0  // 2, 4 or 8: table formats at their default block, that many consecutive vectors a thread (not yet run on a GPU)
+#define VK_QUANT_ENC_CONTIG 0  // 2, 4 or 8: table formats at their default block, that many consecutive vectors a thread (slower on an H100: docs/BENCHMARKS.md section 9)
 #endif
 #ifndef VK_QUANT_ENC_CONST_TABLES
 #define VK_QUANT_ENC_CONST_TABLES 1  // the encoders' tables made at compile time and copied by each thread block (0: computed by each block; H100: NF4 fp32 encode 89.3 -> 91.1 % of copy, docs/BENCHMARKS.md section 9)

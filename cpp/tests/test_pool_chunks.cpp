@@ -203,40 +203,50 @@ TEST(pool_chunks, trim_to_release_threshold_gives_chunks_back) {
   EXPECT_EQ(pool.counters().chunks_released, pool.counters().chunks_created);
 }
 
+// 4000 random requests and frees (some on a second stream, releases now and
+// then) with the invariants checked along the way; everything goes back at
+// the end. Calls each_op with the counters after every operation.
+template <class F>
+void random_work(const pool_options& o, unsigned seed, F each_op) {
+  auto dev = std::make_shared<host_page_device>(8 * GiB);
+  pool_resource pool(dev, nullptr, o);
+  std::mt19937_64 rng(seed);
+  std::vector<std::pair<void*, std::size_t>> live;
+  for (int i = 0; i < 4000; ++i) {
+    if (live.empty() || rng() % 100 < 55) {
+      std::size_t n = rng() % 4 == 0 ? (1 + rng() % 200) * MiB : 1 + rng() % (4 * MiB);
+      try {
+        void* p = pool.allocate(n, rng() % 3 == 0 ? 7 : 0);
+        static_cast<char*>(p)[n - 1] = 1;
+        live.emplace_back(p, n);
+      } catch (const out_of_memory&) {
+      }
+    } else {
+      std::size_t k = rng() % live.size();
+      pool.deallocate(live[k].first, live[k].second, 0);
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
+    }
+    each_op(pool.counters());
+    if (i % 97 == 0) pool.check_invariants();
+    if (i % 1000 == 999) pool.release_cached();
+  }
+  consistent(pool, *dev);
+  for (auto& [p, n] : live) pool.deallocate(p, n, 0);
+  pool.release_cached();
+  consistent(pool, *dev);
+  EXPECT_EQ(dev->created_bytes(), 0u) << o.to_string();
+  EXPECT_GT(pool.counters().chunks_created, 0u);
+  EXPECT_EQ(pool.counters().chunk_pages_released, pool.counters().chunk_pages_created);
+}
+
 TEST(pool_chunks, random_work_keeps_the_invariants) {
   for (int growth : {0, 1})
-  for (std::size_t chunk : {4 * MiB, 16 * MiB, 20 * MiB}) {
-    auto dev = std::make_shared<host_page_device>(8 * GiB);
-    pool_options o = chunks(chunk);
-    o.reserve_limit = 3 * GiB;
-    o.growth_chunks = growth != 0;
-    pool_resource pool(dev, nullptr, o);
-    std::mt19937_64 rng(static_cast<unsigned>(chunk >> 20));
-    std::vector<std::pair<void*, std::size_t>> live;
-    for (int i = 0; i < 4000; ++i) {
-      if (live.empty() || rng() % 100 < 55) {
-        std::size_t n = rng() % 4 == 0 ? (1 + rng() % 200) * MiB : 1 + rng() % (4 * MiB);
-        try {
-          void* p = pool.allocate(n, rng() % 3 == 0 ? 7 : 0);
-          static_cast<char*>(p)[n - 1] = 1;
-          live.emplace_back(p, n);
-        } catch (const out_of_memory&) {
-        }
-      } else {
-        std::size_t k = rng() % live.size();
-        pool.deallocate(live[k].first, live[k].second, 0);
-        live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
-      }
-      if (i % 97 == 0) pool.check_invariants();
-      if (i % 1000 == 999) pool.release_cached();
+    for (std::size_t chunk : {4 * MiB, 16 * MiB, 20 * MiB}) {
+      pool_options o = chunks(chunk);
+      o.reserve_limit = 3 * GiB;
+      o.growth_chunks = growth != 0;
+      random_work(o, static_cast<unsigned>(chunk >> 20), [](const pool_counters&) {});
     }
-    consistent(pool, *dev);
-    for (auto& [p, n] : live) pool.deallocate(p, n, 0);
-    pool.release_cached();
-    consistent(pool, *dev);
-    EXPECT_EQ(dev->created_bytes(), 0u) << chunk;
-    EXPECT_GT(pool.counters().chunks_created, 0u);
-  }
 }
 
 TEST(pool_chunks, growth_chunks_reach_past_a_small_block_into_the_free_memory_after_it) {
@@ -444,40 +454,14 @@ TEST(pool_chunks, a_small_chunk_in_free_memory_goes_back_when_memory_must_move) 
 TEST(pool_chunks, chunk_min_size_random_work_keeps_the_invariants) {
   for (int growth : {0, 1})
     for (auto [chunk, min] : {std::pair{16 * MiB, 4 * MiB}, {64 * MiB, 4 * MiB}, {16 * MiB, 8 * MiB}}) {
-      auto dev = std::make_shared<host_page_device>(8 * GiB);
       pool_options o = split_chunks(chunk, min);
       o.reserve_limit = 3 * GiB;
       o.growth_chunks = growth != 0;
-      pool_resource pool(dev, nullptr, o);
-      std::mt19937_64 rng(static_cast<unsigned>((chunk + min) >> 20));
-      std::vector<std::pair<void*, std::size_t>> live;
-      std::size_t small_chunks = 0;
-      for (int i = 0; i < 4000; ++i) {
-        if (live.empty() || rng() % 100 < 55) {
-          std::size_t n = rng() % 4 == 0 ? (1 + rng() % 200) * MiB : 1 + rng() % (4 * MiB);
-          try {
-            void* p = pool.allocate(n, rng() % 3 == 0 ? 7 : 0);
-            static_cast<char*>(p)[n - 1] = 1;
-            live.emplace_back(p, n);
-          } catch (const out_of_memory&) {
-          }
-        } else {
-          std::size_t k = rng() % live.size();
-          pool.deallocate(live[k].first, live[k].second, 0);
-          live.erase(live.begin() + static_cast<std::ptrdiff_t>(k));
-        }
-        auto c = pool.counters();
+      std::size_t small_chunks = 0;  // operations after which some chunk made was smaller than chunk_size
+      random_work(o, static_cast<unsigned>((chunk + min) >> 20), [&](const pool_counters& c) {
         small_chunks += c.chunk_pages_created != c.chunks_created * (chunk / PG);
-        if (i % 97 == 0) pool.check_invariants();
-        if (i % 1000 == 999) pool.release_cached();
-      }
-      consistent(pool, *dev);
-      for (auto& [p, n] : live) pool.deallocate(p, n, 0);
-      pool.release_cached();
-      consistent(pool, *dev);
-      EXPECT_EQ(dev->created_bytes(), 0u) << chunk << " " << min;
+      });
       EXPECT_GT(small_chunks, 0u) << "no chunk smaller than chunk_size was made";
-      EXPECT_EQ(pool.counters().chunk_pages_released, pool.counters().chunk_pages_created);
     }
 }
 
