@@ -46,7 +46,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from e2e import report  # noqa: E402
-from e2e.child import RESULT_PREFIX, is_vramkit, parse_vramkit_conf, variant_options  # noqa: E402
+from e2e.child import PROFILE_ENV, RESULT_PREFIX, is_vramkit, parse_vramkit_conf, variant_options  # noqa: E402
 from e2e.cpus import format_cpu_list, gpu_local_cpus, plan_cpus  # noqa: E402
 from e2e.workloads import WORKLOADS  # noqa: E402
 
@@ -243,6 +243,9 @@ def parse_args(argv=None):
                          "the GPU's CPUs, less one core left to this process and its NVML sampler), or a CPU list "
                          "such as 2-7 (e2e/cpus.py)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 6 steps, one repeat (unless given)")
+    ap.add_argument("--profile-step", type=int, default=0, metavar="N",
+                    help="after the timed steps, run step N's inputs once more under torch.profiler and report "
+                         "the GPU's busy and idle time in it and the host's waits (e2e/profile.py; default 0: off)")
     ap.add_argument("--dry-run", action="store_true", help="print the plan and exit (needs no GPU, no torch)")
     a = ap.parse_args(argv)
     if a.child or a.zygote:
@@ -269,6 +272,8 @@ def parse_args(argv=None):
         ap.error(f"--steps ({a.steps}) must be greater than --warmup ({a.warmup})")
     if a.repeat < 1:
         ap.error("--repeat must be at least 1")
+    if not 0 <= a.profile_step <= a.steps:
+        ap.error(f"--profile-step must be between 1 and --steps ({a.steps}), or 0 for none")
     if not a.timeout > 0:
         ap.error("--timeout must be positive")
     if not 0.05 <= a.nvml_interval_ms <= 1000:
@@ -322,6 +327,8 @@ def print_plan(a, runs) -> None:
             if al == "vramkit-tracking":
                 how += " + leak tracking with Python call sites"
         print(f"  {al:16s} {how}")
+    if a.profile_step:
+        print(f"then step {a.profile_step}'s inputs once more in each run, under torch.profiler (not timed with the steps)")
     print("order:")
     for i, (rep, w, al) in enumerate(runs, 1):
         print(f"  {i:3d}. repeat {rep + 1}  {w:10s} {al}")
@@ -362,8 +369,10 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     a.run_cpus = format_cpu_list(placement["runs"]) if placement["runs"] else ""
+    # The children (and the zygotes they fork from) read it from their environment.
+    os.environ[PROFILE_ENV] = str(a.profile_step)
     print(placement["note"], file=sys.stderr)
-    meta = {"date": stamp, "spawn": a.spawn, "argv": sys.argv[1:] if argv is None else argv, "steps": a.steps, "warmup": a.warmup,
+    meta = {"date": stamp, "spawn": a.spawn, "profile_step": a.profile_step, "argv": sys.argv[1:] if argv is None else argv, "steps": a.steps, "warmup": a.warmup,
             "repeat": a.repeat, "seed": a.seed, "determinism": a.determinism, "vramkit_conf": a.vramkit_conf,
             "workloads": a.workloads, "allocators": a.allocators, "nvml_device": getattr(sampler, "name", None),
             "nvml_interval_ms": a.nvml_interval_ms, "nvml_floor": floor, "cpus": a.cpus,
@@ -448,6 +457,11 @@ def main(argv=None) -> int:
             if r.get("cold_ms") and r.get("warm_ms"):
                 line += f"   (steps: cold {r['cold_ms']:.0f} ms, warm {r['warm_ms']:.1f} ms)"
             print(line)
+    profiled = report.profile_text(doc["summary"])
+    if profiled:
+        print(f"\nstep {a.profile_step} once more under torch.profiler (after the timed steps; medians over the "
+              "repeats, ms): wall, GPU busy (kernels, copies, fills; overlaps once), GPU idle, host waiting in "
+              "synchronize calls (count)\n" + profiled)
     for w in unique(a.workloads):
         v, t = rows.get((w, "vramkit")), rows.get((w, "vramkit-tracking"))
         if v and t and v["warm_ms"] and t["warm_ms"]:

@@ -25,6 +25,9 @@ NAMED_VRAMKIT = ("vramkit", "vramkit-tracking", "vramkit-8mib", "vramkit-cuda")
 # vramkit@map_ahead:256MiB or vramkit@growth_slack:0.05, to set variants side by side.
 
 
+PROFILE_ENV = "VRAMKIT_E2E_PROFILE_STEP"  # set by gpu_end_to_end.py --profile-step
+
+
 def is_vramkit(alloc: str) -> bool:
     return alloc in NAMED_VRAMKIT or (alloc.startswith("vramkit@") and len(alloc) > len("vramkit@"))
 
@@ -288,6 +291,15 @@ def run(workload: str, alloc: str, steps: int, warmup: int, seed: int, vramkit_c
         res["tracking"] = _tracking_summary(tracking[1], hook_calls0)
         _tracking.release(tracking[0])  # the statistics below read the pool's own adaptor
     res.update(_allocator_stats(torch, alloc, check_expandable))
+    # --profile-step N: one more step on step N's inputs under torch.profiler, after every figure
+    # above was read (its time and memory count in none of them).
+    prof_step = int(os.environ.get(PROFILE_ENV, "0") or 0)
+    if 0 < prof_step <= steps:
+        from e2e.profile import profile_step
+        try:
+            res["profile"] = profile_step(torch, runner, prof_step - 1)
+        except Exception as e:  # noqa: BLE001 - the run's figures stand without it
+            res["profile_error"] = f"{type(e).__name__}: {str(e)[:300]}"
     res.update(caught.summary())
     res["child_s"] = time.perf_counter() - t_start
     return res

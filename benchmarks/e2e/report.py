@@ -104,6 +104,24 @@ def page_call_ms(run: dict) -> tuple[float | None, float | None]:
     return per[0], (statistics.median(warm) if warm else None)
 
 
+PROFILE_KEYS = ("wall_ms", "gpu_busy_ms", "gpu_idle_ms", "host_wait_ms", "host_waits")
+
+
+def profile_text(rows: list[dict]) -> str:
+    """One line per (workload, allocator) with a profiled step (``--profile-step``): wall, GPU
+    busy, GPU idle and host-wait ms (and the waits' count), medians over the repeats; "" when
+    no run was profiled."""
+    lines = []
+    for r in rows:
+        if r.get("profile_wall_ms") is None:
+            continue
+        vals = [r.get("profile_" + k) for k in PROFILE_KEYS]
+        txt = " / ".join("-" if v is None else f"{v:.1f}" for v in vals[:4])
+        n = "" if vals[4] is None else f" ({vals[4]:.0f})"
+        lines.append(f"  {r['workload']:10s} {r['allocator']:30s} {txt}{n}")
+    return "\n".join(lines)
+
+
 def _median_or_none(xs: list) -> float | None:
     xs = [x for x in xs if isinstance(x, (int, float))]
     return statistics.median(xs) if xs else None
@@ -135,6 +153,8 @@ def summarize(runs: list[dict], workloads: list[str], allocators: list[str]) -> 
             calls = [page_call_ms(r) for r in good]
             row["page_calls_cold_ms"] = _median_or_none([c[0] for c in calls])
             row["page_calls_warm_ms"] = _median_or_none([c[1] for c in calls])
+            for k in PROFILE_KEYS:  # --profile-step: the extra step under torch.profiler
+                row["profile_" + k] = _median_or_none([(r.get("profile") or {}).get(k) for r in good])
             group[a] = row
             rows.append(row)
         warm = {a: [r["warm_ms"] for r in runs if r.get("workload") == w and r.get("allocator") == a and ok(r)]

@@ -46,6 +46,8 @@ def test_help_and_dry_run_need_no_torch():
     (["--allocators", "vramkit@remap_budget"], "allocator 'vramkit@remap_budget'"),
     (["--cpus", "3-1"], "the range runs backwards"),
     (["--cpus", "two"], "not a CPU list"),
+    (["--steps", "6", "--profile-step", "7"], "--profile-step must be between 1 and --steps (6)"),
+    (["--profile-step", "-1"], "--profile-step must be between"),
 ])
 def test_bad_arguments_fail_with_one_line(args, message):
     p = suite(*args, "--dry-run")
@@ -252,6 +254,37 @@ def test_time_in_page_calls_first_step_and_warm_median():
     assert rows["vramkit"]["page_calls_cold_ms"] == pytest.approx(50.0)
     assert rows["vramkit"]["page_calls_warm_ms"] == pytest.approx(1.5)
     assert rows["default"]["page_calls_cold_ms"] is None
+
+
+def test_profiled_step_busy_idle_and_host_waits():
+    """--profile-step: the GPU's intervals are joined where they overlap, the rest of the wall
+    time is idle, only the host's synchronize calls count as waits; medians over the repeats in
+    the summary and one line per profiled (workload, allocator)."""
+    from e2e import profile
+    assert profile.union_ms([]) == 0.0
+    assert profile.union_ms([(0, 1000), (500, 1500), (3000, 3500), (3100, 3200), (4000, 4000)]) == pytest.approx(2.0)
+    events = [{"device": "cuda", "name": "gemm", "start": 100.0, "end": 2100.0},
+              {"device": "cuda", "name": "Memcpy DtoH", "start": 2000.0, "end": 2500.0},  # overlaps the gemm
+              {"device": "cpu", "name": "cudaStreamSynchronize", "start": 2050.0, "end": 2600.0},
+              {"device": "cpu", "name": "cudaLaunchKernel", "start": 0.0, "end": 20.0},
+              {"device": "cpu", "name": "aten::nonzero", "start": 1900.0, "end": 2700.0}]
+    got = profile.summarize_events(events, wall_ms=4.0)
+    assert got == {"wall_ms": 4.0, "gpu_busy_ms": 2.4, "gpu_idle_ms": 1.6, "kernel_ms": 2.5, "gpu_ops": 2,
+                   "host_wait_ms": 0.55, "host_waits": 1}
+    runs = [_run("m", "default", 10.0, 150, 200), _run("m", "vramkit", 10.5, 150, 200),
+            _run("m", "vramkit", 10.7, 150, 200, rep=1)]
+    runs[0]["profile"] = dict(got)
+    runs[1]["profile"] = dict(got, wall_ms=5.0, gpu_idle_ms=2.6)
+    runs[2]["profile"] = dict(got, wall_ms=7.0, gpu_idle_ms=4.6, host_waits=3)
+    rows = report.summarize(runs, ["m"], ["default", "vramkit"])
+    by = {r["allocator"]: r for r in rows}
+    assert by["vramkit"]["profile_wall_ms"] == pytest.approx(6.0)
+    assert by["vramkit"]["profile_gpu_idle_ms"] == pytest.approx(3.6)
+    assert by["vramkit"]["profile_host_waits"] == pytest.approx(2.0)
+    text = report.profile_text(rows).splitlines()
+    assert len(text) == 2 and text[1].split() == ["m", "vramkit", "6.0", "/", "2.4", "/", "3.6", "/", "0.6", "(2)"]
+    assert report.profile_text(report.summarize(runs[:1] + [_run("m", "vramkit", 10.0, 150, 200)], ["m"],
+                                                ["vramkit"])) == ""
 
 
 def test_step_minimum_takes_each_steps_fastest_repeat():
