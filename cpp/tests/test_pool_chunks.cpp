@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <initializer_list>
 #include <memory>
 #include <random>
 #include <vector>
@@ -61,6 +62,13 @@ void goes_on(pool_resource& pool, const page_device& dev, std::size_t bytes, voi
   consistent(pool, dev);
   pool.deallocate(p, bytes, 0);
   pool.deallocate(keep, keep_bytes, 0);
+  pool.release_cached();
+  consistent(pool, dev);
+  EXPECT_EQ(dev.created_bytes(), 0u);
+}
+// Frees the given blocks and releases the cache: everything goes back to the device.
+void frees_all(pool_resource& pool, const page_device& dev, std::initializer_list<std::pair<void*, std::size_t>> held) {
+  for (auto [p, n] : held) pool.deallocate(p, n, 0);
   pool.release_cached();
   consistent(pool, dev);
   EXPECT_EQ(dev.created_bytes(), 0u);
@@ -137,11 +145,7 @@ TEST(pool_chunks, memory_that_must_move_comes_from_a_chunk_given_back) {
   consistent(pool, *dev);
   EXPECT_LE(pool.state().reserved_bytes, 102 * MiB + 8 * MiB);
   std::memset(b, 3, 100 * MiB);
-  pool.deallocate(b, 100 * MiB, 0);
-  pool.deallocate(keep, 2 * MiB, 0);
-  pool.release_cached();
-  consistent(pool, *dev);
-  EXPECT_EQ(dev->created_bytes(), 0u);
+  frees_all(pool, *dev, {{b, 100 * MiB}, {keep, 2 * MiB}});
 }
 
 TEST(pool_chunks, a_device_without_chunks_gets_single_pages) {
@@ -280,10 +284,7 @@ TEST(pool_chunks, growth_chunks_reach_past_a_small_block_into_the_free_memory_af
   EXPECT_EQ(plain.counters().chunks_created, 0u);
   EXPECT_EQ(plain.counters().pages_created, 2u);
   plain.deallocate(e, 3 * MiB, 0);
-  for (auto [p, n] : {std::pair{a, 3 * MiB}, {b, 4 * MiB}, {d, 3 * MiB}}) pool.deallocate(p, n, 0);
-  pool.release_cached();
-  consistent(pool, *dev);
-  EXPECT_EQ(dev->created_bytes(), 0u);
+  frees_all(pool, *dev, {{a, 3 * MiB}, {b, 4 * MiB}, {d, 3 * MiB}});
 }
 
 TEST(pool_chunks, a_failure_after_a_growth_chunk_gives_it_back_and_recounts_its_neighbour) {
@@ -421,10 +422,7 @@ TEST(pool_chunks, chunk_min_size_covers_a_block_with_halves_of_chunks) {
   EXPECT_EQ(one.counters().chunk_pages_created, 24u);
   EXPECT_EQ(one.counters().pages_created, 30u);
   one.deallocate(o, 60 * MiB, 0);
-  for (auto [p, n] : {std::pair{a, 60 * MiB}, {keep, 2 * MiB}, {b, 24 * MiB}}) pool.deallocate(p, n, 0);
-  pool.release_cached();
-  consistent(pool, *dev);
-  EXPECT_EQ(dev->created_bytes(), 0u);
+  frees_all(pool, *dev, {{a, 60 * MiB}, {keep, 2 * MiB}, {b, 24 * MiB}});
   EXPECT_EQ(pool.counters().chunks_released, pool.counters().chunks_created);
   EXPECT_EQ(pool.counters().chunk_pages_released, pool.counters().chunk_pages_created);
 }
@@ -444,11 +442,7 @@ TEST(pool_chunks, a_small_chunk_in_free_memory_goes_back_when_memory_must_move) 
   consistent(pool, *dev);
   EXPECT_LE(pool.state().reserved_bytes, 22 * MiB + 4 * MiB);
   std::memset(b, 3, 20 * MiB);
-  pool.deallocate(b, 20 * MiB, 0);
-  pool.deallocate(keep, 2 * MiB, 0);
-  pool.release_cached();
-  consistent(pool, *dev);
-  EXPECT_EQ(dev->created_bytes(), 0u);
+  frees_all(pool, *dev, {{b, 20 * MiB}, {keep, 2 * MiB}});
 }
 
 TEST(pool_chunks, chunk_min_size_random_work_keeps_the_invariants) {
