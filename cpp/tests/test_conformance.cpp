@@ -61,6 +61,12 @@ std::vector<factory> factories() {
                  o.growth_chunks = true;
                  return std::make_shared<pool_resource>(host_dev(), nullptr, o);
                }});
+  f.push_back({"pool_host_chunk_min", false, [] {  // chunks of 16, 8 and 4 MiB
+                 pool_options o;
+                 o.chunk_size = std::size_t{16} << 20;
+                 o.chunk_min_size = std::size_t{4} << 20;
+                 return std::make_shared<pool_resource>(host_dev(), nullptr, o);
+               }});
   f.push_back({"pool_over_host_resource", false, [] {
                  return std::make_shared<pool_resource>(std::make_shared<page_resource>(host_dev()), nullptr);
                }});
@@ -91,6 +97,12 @@ std::vector<factory> factories() {
                  pool_options o;
                  o.chunk_size = std::size_t{16} << 20;
                  o.growth_chunks = true;
+                 return std::make_shared<pool_resource>(cuda::make_vmm_device(0), cuda::make_stream_ops(0), o);
+               }});
+  f.push_back({"pool_vmm_chunk_min", true, [] {  // chunks of 16, 8 and 4 MiB
+                 pool_options o;
+                 o.chunk_size = std::size_t{16} << 20;
+                 o.chunk_min_size = std::size_t{4} << 20;
                  return std::make_shared<pool_resource>(cuda::make_vmm_device(0), cuda::make_stream_ops(0), o);
                }});
   f.push_back({"pool_vmm_remap_own", true, [] {  // own frees taken early at once (no allowance)
