@@ -208,6 +208,24 @@ def test_pool_page_usage_counts_chunk_pages_a_live_block_holds():
     assert r.pool_page_usage()["mapped_large"] == 0
 
 
+def test_chunk_min_size_from_python_counts_chunk_pages():
+    """chunk_min_size through a pool conf string: a 60 MiB block at the arena's start takes
+    chunks of 16, 8 and 4 MiB (five handles for 30 pages); the counters say how many pages the
+    chunks held, and a bad size is refused with the rule it breaks."""
+    MiB = 1 << 20
+    r = vramkit.make_resource("pool:chunk_size:16MiB,chunk_min_size:4MiB", 0)
+    a = r.allocate(60 * MiB)
+    c = r.pool_counters()
+    assert (c["chunks_created"], c["chunk_pages_created"], c["pages_created"]) == (5, 30, 30), c
+    r.deallocate(a, 60 * MiB)
+    r.release_cached()
+    c = r.pool_counters()
+    assert c["chunk_pages_released"] == 30 and c["chunks_released"] == 5, c
+    r.check_invariants()
+    with pytest.raises(ValueError, match="chunk_min_size .* divide chunk_size"):
+        vramkit.make_resource("pool:chunk_size:24MiB,chunk_min_size:8MiB", 0)
+
+
 def test_pool_counters_time_the_page_calls():
     """pool_counters() carries the wall time inside the page device's calls: the host device's
     mmap calls for mapping and unmapping, its bookkeeping for creating and destroying pages."""
