@@ -117,7 +117,8 @@ std::size_t pool_resource::impl::make_chunks(detail::arena* a, std::uintptr_t ad
 
 // growth_chunks: the chunk-aligned places holding block b's first and last
 // pages, when empty and reaching past b only into the free blocks right before
-// and after it: a chunk in each. The chunk's pages outside b stay in those
+// and after it: a chunk in each, of the smallest size (chunk_min_size; else
+// chunk_size), so that little of it lies outside b. The chunk's pages outside b stay in those
 // free blocks, mapped (their counts of unmapped pages are recounted). Returns
 // the pages of b the chunks cover (0: none made).
 std::size_t pool_resource::impl::make_growth_chunk(block* b, std::size_t size, std::size_t need_live,
@@ -125,24 +126,25 @@ std::size_t pool_resource::impl::make_growth_chunk(block* b, std::size_t size, s
   detail::arena* a = b->ar;
   if (chunk < 2 || a->chunk_bits.empty() || a->small || !chunks_now()) return 0;
   const std::size_t first = (b->addr - a->base) / page, last = (b->addr + size - 1 - a->base) / page;
+  const std::size_t g = chunk_min;  // the smallest chunk at a block's ends
   std::size_t covered = 0;
   bool before = false, after = false;
-  for (std::size_t c : {first / chunk * chunk, last / chunk * chunk}) {
-    if (covered && c == first / chunk * chunk) continue;  // one place holds both ends
-    const std::uintptr_t lo = a->base + c * page, hi = a->base + (c + chunk) * page;
+  for (std::size_t c : {first / g * g, last / g * g}) {
+    if (covered && c == first / g * g) continue;  // one place holds both ends
+    const std::uintptr_t lo = a->base + c * page, hi = a->base + (c + g) * page;
     const bool out_before = lo < b->addr, out_after = hi > b->addr + size;
     if (!out_before && !out_after) continue;  // wholly inside: make_chunks' place
     block* p = b->prev;
     block* n = b->next;
     if (out_before && !(p && p->state == block::free_state && p->addr <= lo)) continue;
     if (out_after && !(n && n->state == block::free_state && n->addr + n->size >= hi)) continue;
-    if (!empty_chunk_place(a, c, chunk) || !may_grow_by(chunk * page, 0, need_live)) continue;
+    if (!empty_chunk_place(a, c, g) || !may_grow_by(g * page, 0, need_live)) continue;
     made.reserve(made.size() + 1);
-    if (!make_chunk_at(a, c, chunk)) break;
+    if (!make_chunk_at(a, c, g)) break;
     made.push_back(c);
     before |= out_before;
     after |= out_after;
-    covered += std::min(c + chunk - 1, last) - std::max(c, first) + 1;
+    covered += std::min(c + g - 1, last) - std::max(c, first) + 1;
     ++ctr.growth_chunks;
   }
   if (before) recount_free(b->prev);
