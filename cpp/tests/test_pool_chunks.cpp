@@ -445,6 +445,30 @@ TEST(pool_chunks, a_small_chunk_in_free_memory_goes_back_when_memory_must_move) 
   frees_all(pool, *dev, {{b, 20 * MiB}, {keep, 2 * MiB}});
 }
 
+TEST(pool_chunks, growth_chunks_with_chunk_min_size_are_of_the_smallest_size) {
+  auto dev = std::make_shared<host_page_device>(4 * GiB);
+  pool_options o = split_chunks(16 * MiB, 4 * MiB);
+  o.growth_chunks = true;
+  pool_resource pool(dev, nullptr, o);
+  // 5 MiB at the large arena's start: pages 0..2. Its interior takes a 2-page chunk over 0..1;
+  // its last page lies in the 2-page place 2..3, which reaches 3 MiB into the free memory after
+  // it: a growth chunk of 4 MiB there (of 16 MiB without chunk_min_size).
+  void* a = pool.allocate(5 * MiB, 0);
+  auto c = pool.counters();
+  EXPECT_EQ(c.chunks_created, 2u);
+  EXPECT_EQ(c.growth_chunks, 1u);
+  EXPECT_EQ(c.chunk_pages_created, 4u);
+  EXPECT_EQ(pool.state().reserved_bytes, 8 * MiB);
+  consistent(pool, *dev);
+  // The next 3 MiB take the growth chunk's free part: nothing made.
+  void* b = pool.allocate(3 * MiB, 0);
+  EXPECT_EQ(pool.counters().chunks_created, 2u);
+  EXPECT_EQ(pool.counters().pages_created, 4u);
+  std::memset(a, 1, 5 * MiB);
+  std::memset(b, 2, 3 * MiB);
+  frees_all(pool, *dev, {{a, 5 * MiB}, {b, 3 * MiB}});
+}
+
 TEST(pool_chunks, chunk_min_size_random_work_keeps_the_invariants) {
   for (int growth : {0, 1})
     for (auto [chunk, min] : {std::pair{16 * MiB, 4 * MiB}, {64 * MiB, 4 * MiB}, {16 * MiB, 8 * MiB}}) {
