@@ -188,7 +188,7 @@ int main(int argc, char** argv) {
     }
     // Driver time as an H100 charged it per handle (create 8.7 us, map 1.05 + set access 28.2,
     // unmap 19.3, release 13.1), taken as the same for any handle size: a model, not a timing.
-    // A chunk (chunk_size) is one handle for all its pages.
+    // A chunk, whatever its size (chunk_size, chunk_min_size), is one handle for all its pages.
     auto driver_ms = [](const vramkit::pool_counters& c0, const vramkit::pool_counters& c1) {
       const std::size_t cc = c1.chunks_created - c0.chunks_created, cr = c1.chunks_released - c0.chunks_released;
       const std::size_t pc = c1.chunk_pages_created - c0.chunk_pages_created,
