@@ -340,3 +340,29 @@ def test_warm_ratio_interval_follows_the_repeats():
     assert report.ratio_interval([1.0], []) is None and report.ratio_interval([], [[1.0]]) is None
     line = report.table(rows).splitlines()[-1]
     assert f"| {lo:.2f}-{hi:.2f} |" in line
+
+
+def test_torch_alloc_cost_plan_errors_and_table():
+    """benchmarks/torch_alloc_cost.py without a GPU: the run order rotates per repeat, bad
+    allocators and counts are refused by name, the table gives medians and ratios to default's."""
+    import torch_alloc_cost as tac
+    script = os.path.join(BENCH, "torch_alloc_cost.py")
+    assert tac.plan(["a", "b", "c"], 2) == [(0, "a"), (0, "b"), (0, "c"), (1, "b"), (1, "c"), (1, "a")]
+    p = subprocess.run([sys.executable, script, "--dry-run", "--allocators", "default,vramkit@remap:false",
+                        "--repeat", "2"], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert p.stdout.split("\n")[:4] == ["repeat 0: default", "repeat 0: vramkit@remap:false",
+                                        "repeat 1: vramkit@remap:false", "repeat 1: default"]
+    for args, msg in ((["--allocators", "default,nope"], "unknown allocator 'nope'"),
+                      (["--allocators", "vramkit@bad"], "not KEY:VALUE"),
+                      (["--count", "0"], "at least 1")):
+        p = subprocess.run([sys.executable, script, "--dry-run", *args], capture_output=True, text=True, timeout=60)
+        assert p.returncode == 2 and msg in p.stderr, (args, p.stderr)
+    res = {"default": [{"temp": 2.0, "window8": 3.0, "window64": 4.0}, {"temp": 4.0, "window8": 3.0, "window64": 4.0},
+                       {"temp": 3.0, "window8": 3.0, "window64": 4.0}],
+           "vramkit": [{"temp": 6.0, "window8": 3.0, "window64": 2.0}], "x": []}
+    rows = tac.table(res, ["default", "vramkit", "x"]).splitlines()
+    assert len(rows) == 4  # header, rule, the two allocators that ran
+    assert rows[2].split("|")[1:-1] == [" default ", " 3.00 ", " 3.00 ", " 4.00 ", " 1.00 ", " 1.00 ", " 1.00 "]
+    assert rows[3].split("|")[1:-1] == [" vramkit ", " 6.00 ", " 3.00 ", " 2.00 ", " 2.00 ", " 1.00 ", " 0.50 "]
+    assert "/ default" not in tac.table({"vramkit": res["vramkit"]}, ["vramkit"])
