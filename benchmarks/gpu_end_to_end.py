@@ -1,7 +1,7 @@
 """vramkit's end-to-end suite: real PyTorch workloads under vramkit and under PyTorch's allocator.
 
     python3 benchmarks/gpu_end_to_end.py [--workloads gpt2,resnet50,...] [--allocators default,expandable,vramkit]
-                                         [--steps 15] [--warmup 2] [--repeat 3] [--json results.json]
+                                         [--steps 30] [--warmup 2] [--repeat 3] [--json results.json]
                                          [--timeout 150] [--vramkit-conf growth_slack:0.05] [--quick] [--dry-run]
 
 Workloads (models built offline from configs, random weights, fixed seeds; see benchmarks/e2e/workloads.py):
@@ -215,7 +215,7 @@ def parse_args(argv=None):
                     help="comma-separated, from: " + ",".join(WORKLOADS) + " (default: all)")
     ap.add_argument("--allocators", default=DEFAULT_ALLOCATORS,
                     help=f"comma-separated, from: {','.join(ALLOCATORS)} (default: {DEFAULT_ALLOCATORS})")
-    ap.add_argument("--steps", type=int, help="steps per run, the cold one included (default 15; 6 with --quick)")
+    ap.add_argument("--steps", type=int, help="steps per run, the cold one included (default 30; 6 with --quick)")
     ap.add_argument("--warmup", type=int, default=2,
                     help="leading steps left out of the warm median (default 2; the first is the cold step)")
     ap.add_argument("--repeat", type=int, help="fresh processes per (workload, allocator) (default 3; 1 with --quick)")
@@ -264,7 +264,7 @@ def parse_args(argv=None):
             variant_options(x)
         except ValueError as e:
             ap.error(f"allocator {x!r}: {e}")
-    a.steps = a.steps if a.steps is not None else (6 if a.quick else 15)
+    a.steps = a.steps if a.steps is not None else (6 if a.quick else 30)
     a.repeat = a.repeat if a.repeat is not None else (1 if a.quick else 3)
     if a.warmup < 1:
         ap.error("--warmup must be at least 1 (the first step is the cold one)")
