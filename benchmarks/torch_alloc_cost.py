@@ -16,6 +16,10 @@ small and large requests a model makes):
 * ``temp``: each tensor is freed before the next is made (a temporary inside an op);
 * ``window8`` / ``window64``: the last 8 / 64 tensors stay alive (activations in flight).
 
+Under vramkit each process also keeps the time its pool spent in page calls during each
+pattern's timed loops (``<pattern>_page_call_ms`` in the JSON and the progress lines): a
+process whose figure is high there moved pages inside the loop.
+
 Each process warms every pattern up once, then times it ``--loops`` times; its figure is the
 median loop's us per pair. The table gives, per allocator, the median over the repeats and the
 ratio to PyTorch default's. Allocator names are those of gpu_end_to_end.py (``vramkit@KEY:VALUE``
@@ -33,7 +37,7 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e.child import is_vramkit, variant_options  # noqa: E402
+from e2e.child import _page_op_reader, is_vramkit, variant_options  # noqa: E402
 
 PATTERNS = {"temp": 0, "window8": 8, "window64": 64}
 RESULT = "ALLOC-COST "
@@ -70,10 +74,15 @@ def child(alloc: str, count: int, loops: int) -> dict:
         torch.cuda.synchronize()
         return (time.perf_counter() - t) / count * 1e6
 
+    read = _page_op_reader(alloc)  # the pool's page calls, to tell a loop that moved pages
     out = {}
     for name, hold in PATTERNS.items():
         loop(hold)
+        before = read() if read else None
         out[name] = statistics.median(loop(hold) for _ in range(loops))
+        if read:
+            after = read()
+            out[name + "_page_call_ms"] = sum(after[k] - before[k] for k in after if k.endswith("_ns")) / 1e6
     return out
 
 
