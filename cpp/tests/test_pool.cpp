@@ -643,6 +643,86 @@ TEST(pool, remap_own_slack_grows_first_up_to_its_bound) {
   }
 }
 
+namespace {
+// Reports what its page calls would cost on a slow device (a fixed time per
+// page mapped or unmapped), whatever the host device really took.
+class priced_device final : public test::forwarding_device {
+ public:
+  priced_device(std::shared_ptr<page_device> inner, std::uint64_t ns_per_page)
+      : forwarding_device(std::move(inner)), ns_(ns_per_page) {}
+  void map(std::uintptr_t va, const page_handle* h, std::size_t n) override {
+    forwarding_device::map(va, h, n);
+    mapped_ += n;
+  }
+  void unmap(std::uintptr_t va, std::size_t n) noexcept override {
+    forwarding_device::unmap(va, n);
+    unmapped_ += n;
+  }
+  page_call_times call_times() const noexcept override { return {0, mapped_ * ns_, unmapped_ * ns_, 0}; }
+  std::string name() const override { return "priced"; }
+
+ private:
+  std::uint64_t ns_, mapped_ = 0, unmapped_ = 0;
+};
+}  // namespace
+
+// remap_own_slack_max: a pool whose requests move pages again and again
+// raises its slack by 0.01 after each window of 100 ms in which the moves took
+// more than move_time_budget of the time (here 25 pages at 5 ms each a
+// cycle), up to the max and never past it, and then grows further before it
+// moves pages; moves that cost nothing, or no max, leave the slack where it
+// was. Memory stays within (1 + max) x peak live.
+TEST(pool, remap_own_slack_max_raises_the_slack_while_moves_cost_time) {
+  struct variant {
+    const char* name;
+    std::uint64_t ns_per_page;
+    double max;
+    bool raises;
+  };
+  std::size_t reserved_fixed = 0, reserved_raised = 0;
+  for (const variant& c : {variant{"moves that cost time", 5'000'000, 0.05, true},
+                           variant{"moves that cost nothing", 0, 0.5, false},
+                           variant{"a fixed slack", 5'000'000, 0.0, false}}) {
+    SCOPED_TRACE(c.name);
+    auto ev = std::make_shared<ordered_events>();
+    pool_options o;
+    o.chunk_size = 0;
+    o.remap_own_slack = 0;
+    o.remap_own_slack_max = c.max;
+    o.move_time_budget = 0.1;
+    auto dev = std::make_shared<priced_device>(std::make_shared<host_page_device>(64 * GiB), c.ns_per_page);
+    pool_resource pool(dev, ev, o);
+    const stream_t s = 0x10;
+    std::size_t peak_live = 0;
+    for (int cycle = 0; cycle < 4; ++cycle) {
+      if (cycle) std::this_thread::sleep_for(std::chrono::milliseconds(105));
+      std::vector<void*> v;
+      for (int i = 0; i < 32; ++i) v.push_back(pool.allocate(8 * MiB, s));
+      for (int i = 0; i < 24; ++i) pool.deallocate_checked(v[i], 0, s);
+      void* big = pool.allocate(200 * MiB, s);  // fits no free block
+      peak_live = std::max(peak_live, pool.state().peak_live_bytes);
+      pool.check_invariants();
+      ev->completed = ev->recorded;
+      pool.deallocate_checked(big, 0, s);
+      for (int i = 24; i < 32; ++i) pool.deallocate_checked(v[i], 0, s);
+    }
+    const pool_counters k = pool.counters();
+    EXPECT_GT(k.pages_remapped, 0u) << "no page moved: the test shows nothing";
+    if (c.raises) {
+      // A window closes at cycles 2, 3 and 4: 0.03 for cycle 4, past growth_slack (0.02).
+      EXPECT_EQ(k.own_slack_raises, 3u);
+      reserved_raised = pool.state().peak_reserved_bytes;
+    } else {
+      EXPECT_EQ(k.own_slack_raises, 0u);
+      if (c.max == 0) reserved_fixed = pool.state().peak_reserved_bytes;
+    }
+    EXPECT_LE(static_cast<double>(pool.state().peak_reserved_bytes),
+              (1.0 + std::max(c.max, o.growth_slack)) * static_cast<double>(peak_live) + static_cast<double>(8 * MiB));
+    pool.check_invariants();
+  }
+  EXPECT_GT(reserved_raised, reserved_fixed) << "the raised slack let the pool grow no further than a fixed one";
+}
+
 // remap_own: once a reclaim event of the stream has shown the old blocks'
 // work done, a block of another stream placed over their old addresses does
 // not wait for the later, unrelated work that the early mark's event covers.
