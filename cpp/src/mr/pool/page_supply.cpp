@@ -344,7 +344,7 @@ bool pool_resource::impl::acquire_some(std::size_t n, std::size_t need_live, std
 // stretch lengthens the window: moves at a program's start or at a new largest
 // shape weigh little against it, moves in every step weigh fully.
 void pool_resource::impl::adapt_own_slack() {
-  if (!(opt.remap_own_slack_max > own_slack) || !pages) return;
+  if (!(opt.remap_own_slack_max > own_slack + 1e-9) || !pages) return;
   const auto now = static_cast<std::uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
   const std::size_t moved = ctr.pages_remapped > ctr.mappings_reused ? ctr.pages_remapped - ctr.mappings_reused : 0;
@@ -355,8 +355,9 @@ void pool_resource::impl::adapt_own_slack() {
     const double ops = static_cast<double>(ctr.pages_mapped + ctr.pages_unmapped);
     const double cost = ops > 0 ? 2.0 * calls / ops * static_cast<double>(moved - slack_moved0) : 0.0;
     if (cost > opt.move_time_budget * static_cast<double>(now - slack_t0_ns)) {
-      own_slack = std::min(opt.remap_own_slack_max, own_slack + 0.01);
-      ++ctr.own_slack_raises;
+      ++ctr.own_slack_raises;  // the slack from the count: no rounding adds up
+      own_slack = std::min(opt.remap_own_slack_max,
+                           opt.remap_own_slack + 0.01 * static_cast<double>(ctr.own_slack_raises));
     }
   }
   slack_t0_ns = now;
