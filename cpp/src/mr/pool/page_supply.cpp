@@ -347,8 +347,8 @@ void pool_resource::impl::adapt_own_slack() {
   if (!(opt.remap_own_slack_max > own_slack + 1e-9) || !pages) return;
   const auto now = static_cast<std::uint64_t>(
       std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
-  const std::size_t moved = ctr.pages_remapped > ctr.mappings_reused ? ctr.pages_remapped - ctr.mappings_reused : 0;
   if (slack_t0_ns && now - slack_t0_ns < slack_window_ns) return;
+  const std::size_t moved = ctr.pages_remapped > ctr.mappings_reused ? ctr.pages_remapped - ctr.mappings_reused : 0;
   if (slack_t0_ns && moved > slack_moved0) {
     const page_call_times t = pages->call_times();
     const double calls = static_cast<double>((t.map_ns - calls0.map_ns) + (t.unmap_ns - calls0.unmap_ns));
