@@ -96,14 +96,22 @@ inline std::uint64_t word_range(std::size_t w, std::size_t from, std::size_t to)
 }
 
 // The highest mapped page in [lo, hi], or lo when none is.
+// Nothing is mapped or made ahead at or above an arena's top, so the scans
+// stop there: a free block at the arena's end can span the whole reservation.
+inline std::size_t below_top(const arena* a, std::size_t lo, std::size_t hi) {
+  return a->top == 0 ? lo : std::min(hi, a->top - 1);  // lo: an empty range for last_page_where
+}
+
 inline std::size_t last_mapped_page(const arena* a, std::size_t lo, std::size_t hi) {
-  return last_page_where(lo, hi, [a](std::size_t w) { return a->mapped_bits[w]; });
+  if (a->top <= lo) return lo;
+  return last_page_where(lo, below_top(a, lo, hi), [a](std::size_t w) { return a->mapped_bits[w]; });
 }
 
 // The highest page in [lo, hi] that is mapped or made ahead (map_ahead), or
 // lo when none is: where placement stops looking for cheaper places.
 inline std::size_t last_backed_page(const arena* a, std::size_t lo, std::size_t hi) {
-  return last_page_where(lo, hi, [a](std::size_t w) { return a->mapped_bits[w] | a->ahead_bits[w]; });
+  if (a->top <= lo) return lo;
+  return last_page_where(lo, below_top(a, lo, hi), [a](std::size_t w) { return a->mapped_bits[w] | a->ahead_bits[w]; });
 }
 
 // Unmapped pages lying wholly inside [addr, addr+size) of arena a (pages of
@@ -112,12 +120,15 @@ inline std::size_t unmapped_inside(const arena* a, std::size_t page, std::uintpt
   std::size_t lo = round_up(addr - a->base, page) / page;
   std::size_t hi = (addr + size - a->base) / page;
   if (hi <= lo) return 0;
-  // Mapped pages counted a word at a time (a free block can span the whole arena).
+  // Mapped pages counted a word at a time, up to the arena's top (a free
+  // block can span the whole arena; nothing is mapped above the top).
+  const std::size_t mhi = std::min(hi, a->top);
+  if (mhi <= lo) return hi - lo;
   std::size_t mapped = 0;
-  for (std::size_t w = lo >> 6; w <= (hi - 1) >> 6; ++w) {
+  for (std::size_t w = lo >> 6; w <= (mhi - 1) >> 6; ++w) {
     std::uint64_t bits = a->mapped_bits[w];
     if (w == lo >> 6) bits &= ~std::uint64_t{0} << (lo & 63);
-    if (w == (hi - 1) >> 6 && ((hi - 1) & 63) != 63) bits &= (std::uint64_t{1} << (((hi - 1) & 63) + 1)) - 1;
+    if (w == (mhi - 1) >> 6 && ((mhi - 1) & 63) != 63) bits &= (std::uint64_t{1} << (((mhi - 1) & 63) + 1)) - 1;
     mapped += static_cast<std::size_t>(std::popcount(bits));
   }
   return (hi - lo) - mapped;

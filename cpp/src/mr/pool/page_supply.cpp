@@ -64,7 +64,8 @@ std::size_t pool_resource::impl::steal(std::uint32_t slot, std::size_t want, std
     if (xa->chunk_bits.empty() || !chunk_pages) return last_mapped_page(xa, lo, hi - 1);
     const auto inside = chunks_inside(xa, lo, hi);  // chunk pages there: chunks wholly inside
     const std::size_t clo = inside.first, chi = inside.second;
-    return detail::last_page_where(lo, hi - 1, [&](std::size_t w) {
+    if (xa->top <= lo) return lo;
+    return detail::last_page_where(lo, detail::below_top(xa, lo, hi - 1), [&](std::size_t w) {
       return xa->mapped_bits[w] & ~(xa->chunk_bits[w] & (mark ? ~std::uint64_t{0} : ~detail::word_range(w, clo, chi)));
     });
   };
