@@ -51,6 +51,37 @@ static void random_sizes(benchmark::State& st) {
 }
 BENCHMARK(random_sizes);
 
+// torch_alloc_cost.py's mix on the paged pool of an 80 GiB device: sizes of
+// 256 B, 4 KiB, 64 KiB, 1, 4 or 16 MiB plus up to 256 KiB; the last `hold`
+// blocks stay alive (0: each is freed before the next is made). Placements
+// that need pages look over the free block at the arena's end, which spans
+// most of the reservation.
+static void mixed_window(benchmark::State& st) {
+  auto r = std::make_shared<pool_resource>(std::make_shared<host_page_device>(std::size_t{80} << 30),
+                                           std::make_shared<host_stream_ops>());
+  std::mt19937_64 rng(1);
+  const std::size_t base[] = {256, 4096, 65536, std::size_t{1} << 20, std::size_t{4} << 20, std::size_t{16} << 20};
+  std::vector<std::size_t> sizes(4096);
+  for (auto& s : sizes) s = base[rng() % 6] + rng() % 512 * 512;
+  const std::size_t hold = static_cast<std::size_t>(st.range(0));
+  std::vector<void*> live(hold + 1, nullptr);
+  std::size_t i = 0;
+  for (auto _ : st) {
+    std::size_t k = i % live.size();
+    if (live[k]) r->deallocate(live[k], 0);
+    live[k] = r->allocate(sizes[i % sizes.size()]);
+    if (hold == 0) {
+      r->deallocate(live[k], 0);
+      live[k] = nullptr;
+    }
+    ++i;
+  }
+  for (void* p : live)
+    if (p) r->deallocate(p, 0);
+  st.SetLabel(hold ? "one free + one alloc per iteration" : "alloc + free per iteration");
+}
+BENCHMARK(mixed_window)->Arg(0)->Arg(8)->Arg(64);
+
 static void pair_fixed_vmm(benchmark::State& st) {
   if (cuda::device_count() == 0) {
     st.SkipWithError("no CUDA device");
