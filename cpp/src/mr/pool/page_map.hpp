@@ -95,23 +95,23 @@ inline std::uint64_t word_range(std::size_t w, std::size_t from, std::size_t to)
   return below_e & (~std::uint64_t{0} << (s - b0));
 }
 
-// The highest mapped page in [lo, hi], or lo when none is.
-// Nothing is mapped or made ahead at or above an arena's top, so the scans
-// stop there: a free block at the arena's end can span the whole reservation.
-inline std::size_t below_top(const arena* a, std::size_t lo, std::size_t hi) {
-  return a->top == 0 ? lo : std::min(hi, a->top - 1);  // lo: an empty range for last_page_where
-}
+// Nothing is mapped, made ahead or in a chunk at or above an arena's top,
+// so the scans for such pages stop there (a free block at the arena's end can
+// span the whole reservation): hi, lowered to the top's last page. Callers
+// first check that the top lies above lo.
+inline std::size_t below_top(const arena* a, std::size_t hi) { return std::min(hi, a->top - 1); }
 
+// The highest mapped page in [lo, hi], or lo when none is.
 inline std::size_t last_mapped_page(const arena* a, std::size_t lo, std::size_t hi) {
   if (a->top <= lo) return lo;
-  return last_page_where(lo, below_top(a, lo, hi), [a](std::size_t w) { return a->mapped_bits[w]; });
+  return last_page_where(lo, below_top(a, hi), [a](std::size_t w) { return a->mapped_bits[w]; });
 }
 
 // The highest page in [lo, hi] that is mapped or made ahead (map_ahead), or
 // lo when none is: where placement stops looking for cheaper places.
 inline std::size_t last_backed_page(const arena* a, std::size_t lo, std::size_t hi) {
   if (a->top <= lo) return lo;
-  return last_page_where(lo, below_top(a, lo, hi), [a](std::size_t w) { return a->mapped_bits[w] | a->ahead_bits[w]; });
+  return last_page_where(lo, below_top(a, hi), [a](std::size_t w) { return a->mapped_bits[w] | a->ahead_bits[w]; });
 }
 
 // Unmapped pages lying wholly inside [addr, addr+size) of arena a (pages of

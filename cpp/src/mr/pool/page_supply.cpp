@@ -62,10 +62,10 @@ std::size_t pool_resource::impl::steal(std::uint32_t slot, std::size_t want, std
   auto movable_top = [&](const block* x, std::size_t lo, std::size_t hi) {
     const detail::arena* xa = x->ar;
     if (xa->chunk_bits.empty() || !chunk_pages) return last_mapped_page(xa, lo, hi - 1);
+    if (xa->top <= lo) return lo;
     const auto inside = chunks_inside(xa, lo, hi);  // chunk pages there: chunks wholly inside
     const std::size_t clo = inside.first, chi = inside.second;
-    if (xa->top <= lo) return lo;
-    return detail::last_page_where(lo, detail::below_top(xa, lo, hi - 1), [&](std::size_t w) {
+    return detail::last_page_where(lo, detail::below_top(xa, hi - 1), [&](std::size_t w) {
       return xa->mapped_bits[w] & ~(xa->chunk_bits[w] & (mark ? ~std::uint64_t{0} : ~detail::word_range(w, clo, chi)));
     });
   };
