@@ -43,13 +43,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   o.plan_steps = size > 1 && (data[size - 1] & 1);
   // Chunks of 16, 8 and 4 MiB (chunk_min_size) from the last byte's second bit.
   if (size > 1 && (data[size - 1] & 2)) o.chunk_min_size = std::size_t{4} << 20;
-  // A slack that rises while moves cost time (remap_own_slack_max) from its third bit, with a
-  // budget the host device's own calls pass: an input that runs past 100 ms raises it.
-  if (size > 1 && (data[size - 1] & 4)) {
-    o.remap_own_slack = 0;
-    o.remap_own_slack_max = 0.5;
-    o.move_time_budget = 0.001;
-  }
   pool_resource pool(dev, gpu, o);
   struct live { std::uint8_t* p; std::size_t n; stream_t s; std::uint8_t tag; };
   std::vector<live> v;

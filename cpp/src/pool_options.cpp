@@ -86,13 +86,6 @@ void pool_options::validate() const {
                            "its old mapping until that work completes");
   if (!(remap_own_slack >= 0 && remap_own_slack <= 100))
     throw invalid_argument("remap_own_slack " + format_fixed(remap_own_slack, 4) + " must be between 0 and 100");
-  if (!(remap_own_slack_max == 0 || (remap_own_slack_max >= remap_own_slack && remap_own_slack_max <= 100)))
-    throw invalid_argument("remap_own_slack_max " + format_fixed(remap_own_slack_max, 4) +
-                           " must be 0 (a fixed slack) or between remap_own_slack (" + format_fixed(remap_own_slack, 4) +
-                           ") and 100");
-  if (!(move_time_budget > 0 && move_time_budget <= 1))
-    throw invalid_argument("move_time_budget " + format_fixed(move_time_budget, 4) +
-                           " must be above 0 and at most 1 (a share of wall time)");
   if (!(va_factor >= 1 && va_factor <= 64))
     throw invalid_argument("va_factor " + format_fixed(va_factor, 2) + " must be between 1 and 64");
 }
@@ -156,13 +149,11 @@ void pool_options::parse(const std::string& conf) {
         own_given = true;
       }
       else if (k == "remap_own_slack") o.remap_own_slack = parse_real(k, v);
-      else if (k == "remap_own_slack_max") o.remap_own_slack_max = parse_real(k, v);
-      else if (k == "move_time_budget") o.move_time_budget = parse_real(k, v);
       else
         throw invalid_argument("unknown key '" + k +
                                "' (known: alignment, page_size, small_threshold, small_segment, large_rounding, "
                                "reserve_limit, release_threshold, growth_slack, remap, wait_to_remap, keep_mappings, remap_own, "
-                               "remap_own_slack, remap_own_slack_max, move_time_budget, "
+                               "remap_own_slack, "
                                "map_ahead, chunk_size, chunk_min_size, growth_chunks, plan_steps, va_factor)");
     } catch (const invalid_argument&) {
       throw;
@@ -199,7 +190,6 @@ std::string pool_options::to_string() const {
   s += ",growth_slack:" + format_fixed(growth_slack, 4) + ",remap:" + (remap ? "true" : "false") +
        ",wait_to_remap:" + (wait_to_remap ? "true" : "false") + ",keep_mappings:" + (keep_mappings ? "true" : "false") +
        ",remap_own:" + (remap_own ? "true" : "false") + ",remap_own_slack:" + format_fixed(remap_own_slack, 4) +
-       ",remap_own_slack_max:" + format_fixed(remap_own_slack_max, 4) + ",move_time_budget:" + format_fixed(move_time_budget, 4) +
        ",map_ahead:" + to_string(map_ahead) + ",chunk_size:" + to_string(chunk_size) +
        ",chunk_min_size:" + to_string(chunk_min_size) + ",growth_chunks:" + (growth_chunks ? "true" : "false") + ",plan_steps:" + (plan_steps ? "true" : "false") +
        ",va_factor:" + format_fixed(va_factor, 2);

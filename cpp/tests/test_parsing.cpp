@@ -112,35 +112,6 @@ TEST(Parsing, RemapOwnNeedsKeptMappings) {
   EXPECT_DOUBLE_EQ(o.remap_own_slack, 0.08);  // a refused string changes nothing
 }
 
-TEST(Parsing, RemapOwnSlackMaxAndMoveTimeBudget) {
-  pool_options o;
-  EXPECT_EQ(o.remap_own_slack_max, 0.0);  // a fixed slack unless asked
-  o.parse("remap_own_slack:0.03,remap_own_slack_max:0.08,move_time_budget:0.05");
-  EXPECT_DOUBLE_EQ(o.remap_own_slack_max, 0.08);
-  EXPECT_DOUBLE_EQ(o.move_time_budget, 0.05);
-  const std::string text = o.to_string();
-  EXPECT_NE(text.find("remap_own_slack_max:0.0800,move_time_budget:0.0500"), std::string::npos) << text;
-  pool_options back;
-  back.parse(text);
-  EXPECT_DOUBLE_EQ(back.remap_own_slack_max, 0.08);
-  EXPECT_DOUBLE_EQ(back.move_time_budget, 0.05);
-  for (const char* bad : {"remap_own_slack_max:0.02",  // under remap_own_slack (0.03)
-                          "remap_own_slack_max:101", "remap_own_slack_max:-1", "move_time_budget:0",
-                          "move_time_budget:1.5", "move_time_budget:-0.1", "move_time_budget:"})
-    EXPECT_THROW(o.parse(bad), invalid_argument) << bad;
-  EXPECT_DOUBLE_EQ(o.remap_own_slack_max, 0.08);  // a refused string changes nothing
-  EXPECT_DOUBLE_EQ(o.move_time_budget, 0.05);
-  try {
-    o.parse("remap_own_slack:0.2");  // now above the max
-    ADD_FAILURE() << "a slack above its max was taken";
-  } catch (const invalid_argument& e) {
-    EXPECT_NE(std::string(e.what()).find("remap_own_slack_max 0.0800 must be 0 (a fixed slack) or between remap_own_slack (0.2000)"),
-              std::string::npos) << e.what();
-  }
-  o.parse("remap_own_slack:0.2,remap_own_slack_max:0");  // a fixed slack again
-  EXPECT_DOUBLE_EQ(o.remap_own_slack, 0.2);
-}
-
 namespace {
 std::string message_of(const std::string& conf) {
   try {

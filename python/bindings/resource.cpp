@@ -134,7 +134,6 @@ void bind_resource(nb::module_& m) {
             d["plan_bytes"] = c.plan_bytes;
             d["steps_found"] = c.steps_found;
             d["step_period"] = c.step_period;
-            d["own_slack_raises"] = c.own_slack_raises;
             d["page_create_ns"] = c.page_create_ns;
             d["page_map_ns"] = c.page_map_ns;
             d["page_unmap_ns"] = c.page_unmap_ns;

@@ -226,24 +226,6 @@ def test_chunk_min_size_from_python_counts_chunk_pages():
         vramkit.make_resource("pool:chunk_size:24MiB,chunk_min_size:8MiB", 0)
 
 
-def test_remap_own_slack_max_from_python():
-    """remap_own_slack_max and move_time_budget through a pool conf string: shown in the pool's
-    options, the raises counted in pool_counters() (none for a pool that
-    never moved a page), and a max under the slack refused with the rule it breaks."""
-    MiB = 1 << 20
-    r = vramkit.make_resource("pool:remap_own_slack:0.03,remap_own_slack_max:0.08,move_time_budget:0.05", 0)
-    a = r.allocate(64 * MiB)
-    c = r.pool_counters()
-    assert c["own_slack_raises"] == 0, c
-    assert "remap_own_slack:0.0300,remap_own_slack_max:0.0800,move_time_budget:0.0500" in c["options"], c["options"]
-    r.deallocate(a, 64 * MiB)
-    r.check_invariants()
-    with pytest.raises(ValueError, match=r"remap_own_slack_max 0\.0200 must be 0 \(a fixed slack\) or between remap_own_slack \(0\.0300\)"):
-        vramkit.make_resource("pool:remap_own_slack:0.03,remap_own_slack_max:0.02", 0)
-    with pytest.raises(ValueError, match="move_time_budget 0.0000 must be above 0"):
-        vramkit.make_resource("pool:remap_own_slack_max:0.08,move_time_budget:0", 0)
-
-
 def test_pool_counters_time_the_page_calls():
     """pool_counters() carries the wall time inside the page device's calls: the host device's
     mmap calls for mapping and unmapping, its bookkeeping for creating and destroying pages."""

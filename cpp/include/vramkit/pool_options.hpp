@@ -56,21 +56,6 @@ struct pool_options {
   // training move ~600 a step) and held less device memory than PyTorch's
   // expandable segments on six, the same on the seventh.
   double remap_own_slack = 0.08;
-  // (0, or remap_own_slack to 100) With remap_own: how far the pool may raise
-  // remap_own_slack while it runs, when moving pages costs time. 0: the slack
-  // stays fixed. Otherwise the pool looks, each time it needs pages and at
-  // least 100 ms after it last looked, at the time its page moves took since
-  // then (pages moved x what a page's map and unmap calls have cost on this
-  // device): above move_time_budget of the wall time, it raises the slack by
-  // 0.01, up to this bound, and grows rather than moving pages as often from
-  // then on. The slack never comes down. A program whose pages move only at
-  // its start or at new largest shapes keeps a low slack; one that moves pages
-  // every step, as GPT-2 training does at remap_own_slack:0.03, ends where it
-  // stops moving them.
-  double remap_own_slack_max = 0;
-  // (above 0, at most 1) With remap_own_slack_max: the share of wall time page
-  // moves may take before the slack rises.
-  double move_time_budget = 0.1;
   // While the pool grows, a helper thread keeps new pages created and mapped
   // just past the large arena's highest page in use, so that the next blocks find
   // their pages ready and the driver's calls run off the allocating thread:

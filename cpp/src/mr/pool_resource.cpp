@@ -29,7 +29,6 @@ void pool_resource::impl::init_common() {
   opt.validate();
   slots.set_page(page);
   limit = opt.reserve_limit ? std::min(opt.reserve_limit, capacity) : capacity;
-  own_slack = opt.remap_own_slack;
 }
 
 void pool_resource::impl::init_paged() {

@@ -45,7 +45,6 @@ struct pool_counters {
   std::size_t plan_bytes = 0;        // plan_steps: address space of the plan in force (0: none)
   std::size_t steps_found = 0;       // plan_steps without marks from the program: periods found in the requests
   std::size_t step_period = 0;       // ... the one the pool marks steps by now, in large requests (0: none)
-  std::size_t own_slack_raises = 0;  // remap_own_slack_max: times the slack rose by 0.01 (moves cost too much time)
   // Wall time inside the page device's calls (its page_call_times) since the
   // pool began, ns, on every thread (map_ahead's helper too): creating pages
   // and chunks, mapping (with access rights), unmapping, destroying. Zeros

@@ -62,9 +62,6 @@
 //   stale        Such a kept mapping: mapped at an address where the page is
 //                not in use. `stale` counts them; a page is destroyed only once
 //                no stale mapping of it is left.
-//   own slack    (remap_own_slack_max) The remap_own slack in force: starts at
-//                remap_own_slack, rises by 0.01 after a window in which page
-//                moves cost more than move_time_budget of the wall time.
 //   taken early  (remap_own) A page stolen from the requester's own slot
 //                before its old block's work is known done: its kept mapping
 //                there carries an early mark (`arena::early`), whose event,

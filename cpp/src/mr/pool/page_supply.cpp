@@ -6,7 +6,6 @@
 // its stream (with wait_to_remap, before new pages). Also destroys pages
 // given back.
 #include <algorithm>
-#include <chrono>
 #include <vector>
 
 #include "pool_impl.hpp"
@@ -205,7 +204,6 @@ bool pool_resource::impl::acquire(std::size_t n, std::size_t need_live, std::uin
   out.clear();
   acquire_mark = 0;
   early_got.clear();
-  adapt_own_slack();
   try {
     if (acquire_some(n, need_live, slot, out, edges)) return true;
   } catch (...) {
@@ -306,8 +304,8 @@ bool pool_resource::impl::acquire_some(std::size_t n, std::size_t need_live, std
       }
     }
     // remap_own: growth up to remap_own_slack before the own stream's frees.
-    if (opt.remap_own && own_slack > opt.growth_slack && slot != 0 &&
-        may_grow_by(page, page, need_live, own_slack)) {
+    if (opt.remap_own && opt.remap_own_slack > opt.growth_slack && slot != 0 &&
+        may_grow_by(page, page, need_live, opt.remap_own_slack)) {
       if (page_handle h = create_page()) {
         out.push_back(h);
         continue;
@@ -335,34 +333,6 @@ bool pool_resource::impl::acquire_some(std::size_t n, std::size_t need_live, std
     return false;  // acquire() puts what was taken back
   }
   return true;
-}
-
-// remap_own_slack_max: at least slack_window_ns after the window began, weighs
-// what the pages moved in it cost (each a map and an unmap call, at this
-// device's mean time per page mapped or unmapped so far) against the window's
-// wall time, raises the slack by 0.01 when that is over move_time_budget, and
-// begins the next window. Looked at only when pages are needed, so a quiet
-// stretch lengthens the window: moves at a program's start or at a new largest
-// shape weigh little against it, moves in every step weigh fully.
-void pool_resource::impl::adapt_own_slack() {
-  if (!(opt.remap_own_slack_max > own_slack + 1e-9) || !pages) return;
-  const auto now = static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count());
-  if (slack_t0_ns && now - slack_t0_ns < slack_window_ns) return;
-  const std::size_t moved = ctr.pages_remapped > ctr.mappings_reused ? ctr.pages_remapped - ctr.mappings_reused : 0;
-  if (slack_t0_ns && moved > slack_moved0) {
-    const page_call_times t = pages->call_times();
-    const double calls = static_cast<double>((t.map_ns - calls0.map_ns) + (t.unmap_ns - calls0.unmap_ns));
-    const double ops = static_cast<double>(ctr.pages_mapped + ctr.pages_unmapped);
-    const double cost = ops > 0 ? 2.0 * calls / ops * static_cast<double>(moved - slack_moved0) : 0.0;
-    if (cost > opt.move_time_budget * static_cast<double>(now - slack_t0_ns)) {
-      ++ctr.own_slack_raises;  // the slack from the count: no rounding adds up
-      own_slack = std::min(opt.remap_own_slack_max,
-                           opt.remap_own_slack + 0.01 * static_cast<double>(ctr.own_slack_raises));
-    }
-  }
-  slack_t0_ns = now;
-  slack_moved0 = moved;
 }
 
 // ---- remap_own: pages taken before their stream's work is known done ----

@@ -137,13 +137,6 @@ struct pool_resource::impl {
   bool acquire_some(std::size_t n, std::size_t need_live, std::uint32_t slot, std::vector<page_handle>& out,
                     std::size_t edges);
   void drop_pages(const std::vector<page_handle>& hs) noexcept;
-  // remap_own_slack_max: the remap_own slack in force (remap_own_slack until
-  // raised), and the window page moves are weighed over (t0 0: none begun).
-  static constexpr std::uint64_t slack_window_ns = 100'000'000;
-  double own_slack = 0;
-  std::uint64_t slack_t0_ns = 0;
-  std::size_t slack_moved0 = 0;  // pages moved with a map call (remapped less reused) when it began
-  void adapt_own_slack();
 
   // remap_own (page_supply.cpp): pages taken from the requester's own free
   // blocks before its stream's work was known done. Their old addresses stay
