@@ -57,10 +57,10 @@ int main(int argc, char** argv) {
         auto res = replay(ops, *r, o);
         std::printf(
             "{\"trace\":\"%s\",\"allocator\":\"%s\",\"ops\":%zu,\"peak_live_requested\":%zu,"
-            "\"peak_reserved\":%zu,\"fragmentation\":%.4f,\"ns_per_op\":%.1f,\"warm_ns_per_op\":%.1f,"
-            "\"ooms\":%zu,\"upstream_allocs\":%zu}\n",
+            "\"peak_reserved\":%zu,\"fragmentation\":%.4f,\"fragmentation_all_passes\":%.4f,"
+            "\"ns_per_op\":%.1f,\"warm_ns_per_op\":%.1f,\"ooms\":%zu,\"upstream_allocs\":%zu}\n",
             name.c_str(), spec.c_str(), res.ops, res.peak_live_bytes, res.peak_reserved_bytes, res.fragmentation,
-            res.cold_ns_per_op, res.warm_ns_per_op, res.ooms, res.upstream_allocs);
+            res.fragmentation_all_passes, res.cold_ns_per_op, res.warm_ns_per_op, res.ooms, res.upstream_allocs);
         std::fflush(stdout);
       }
     }

@@ -86,6 +86,8 @@ void bind_trace(nb::module_& m) {
     d["peak_live_bytes"] = res.peak_live_bytes;
     d["peak_reserved_bytes"] = res.peak_reserved_bytes;
     d["fragmentation"] = res.fragmentation;
+    d["peak_reserved_all_passes_bytes"] = res.peak_reserved_all_passes_bytes;
+    d["fragmentation_all_passes"] = res.fragmentation_all_passes;
     d["upstream_allocs"] = res.upstream_allocs;
     d["ooms"] = res.ooms;
     d["cold_ns_per_op"] = res.cold_ns_per_op;

@@ -165,11 +165,12 @@ def test_cli_replay_json_on_default_trace():
     assert out.returncode == 0, out.stderr
     rows = json.loads(out.stdout)
     assert rows[0]["allocator"].startswith("vramkit")
-    for k in ("trace", "ops", "peak_live_bytes", "peak_reserved_bytes", "fragmentation", "cold_ns_per_op",
-              "warm_ns_per_op", "ooms"):
+    for k in ("trace", "ops", "peak_live_bytes", "peak_reserved_bytes", "fragmentation", "fragmentation_all_passes",
+              "cold_ns_per_op", "warm_ns_per_op", "ooms"):
         assert k in rows[0]
     assert rows[0]["peak_live_bytes"] == 755556864
     assert rows[0]["fragmentation"] <= 1.05
+    assert rows[0]["fragmentation_all_passes"] >= rows[0]["fragmentation"]
 
 
 def test_pool_pages_of_another_size_are_backed_whole():

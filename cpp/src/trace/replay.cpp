@@ -151,6 +151,10 @@ replay_result replay(const std::vector<trace_op>& ops, device_resource& r, const
     std::sort(warm.begin(), warm.end());
     res.warm_ns_per_op = warm[warm.size() / 2];
   }
+  res.peak_reserved_all_passes_bytes = std::max(res.peak_reserved_bytes, r.state().peak_reserved_bytes);
+  res.fragmentation_all_passes = res.peak_live_bytes ? static_cast<double>(res.peak_reserved_all_passes_bytes) /
+                                                           static_cast<double>(res.peak_live_bytes)
+                                                     : 0.0;
   if (o.sample && o.sample_every) {
     // A separate, untimed pass that starts from an empty cache, so the
     // timeline shows reserved memory growing as it did in the cold pass.

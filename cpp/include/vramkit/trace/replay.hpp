@@ -46,6 +46,10 @@ struct replay_result {
   std::size_t peak_live_bytes = 0;      // peak of live requested bytes: the floor
   std::size_t peak_reserved_bytes = 0;  // in the cold pass
   double fragmentation = 0;             // peak_reserved / peak_live
+  // The peak over every pass, warm ones included: above the cold pass's
+  // where the pool keeps growing as the same operations come again.
+  std::size_t peak_reserved_all_passes_bytes = 0;
+  double fragmentation_all_passes = 0;  // peak_reserved_all_passes / peak_live
   std::size_t upstream_allocs = 0;
   std::size_t ooms = 0;
   double cold_ns_per_op = 0;
