@@ -242,6 +242,7 @@ struct config {
   bool growth_chunks = false;
   int event_faults = 0;
   std::size_t chunk_min = 0;  // chunk_min_size in pages (0: chunks of one size)
+  bool fit_address = false;
 };
 
 void run(const config& c, std::uint64_t seed, int iters, pool_counters* out = nullptr,
@@ -263,6 +264,7 @@ void run(const config& c, std::uint64_t seed, int iters, pool_counters* out = nu
   o.growth_chunks = c.growth_chunks;
   if (c.chunk) o.chunk_size = c.chunk * PG;
   o.chunk_min_size = c.chunk_min * PG;
+  o.fit_address = c.fit_address;
   struct held {
     std::uintptr_t p;
     std::size_t n;
@@ -379,6 +381,9 @@ TEST(pool_streams, lagging_gpu_queues_faults_and_physical_pages) {
       {3, 2, 7, 0.02, true, 4, false, true}, {2, 3, 0, 0.0, true, 4, true, true},
       // Chunks of 8, 4 and 2 pages (chunk_min_size), with remap_own and at blocks' ends.
       {3, 2, 7, 0.02, true, 8, true, false, 0, 2}, {2, 3, 0, 0.0, true, 8, true, true, 0, 2},
+      // fit:address, with remap_own, chunks and without kept mappings.
+      {3, 2, 7, 0.02, true, 0, true, false, 0, 0, true}, {2, 3, 7, 0.0, true, 4, true, true, 0, 0, true},
+      {3, 2, 0, 0.02, false, 4, false, false, 0, 0, true},
   };
   // Seeds 32 and 37 once found a page given back while an old address of it
   // was still mapped.
@@ -398,7 +403,8 @@ TEST(pool_streams, lagging_gpu_queues_faults_and_physical_pages) {
                                       << c.fault_every << ", growth_slack "
                                       << c.growth_slack << ", keep_mappings " << c.keep_mappings << ", chunk " << c.chunk
                                       << ", remap_own " << c.remap_own << ", growth_chunks " << c.growth_chunks
-                                      << ", chunk_min " << c.chunk_min << ", seed " << seed);
+                                      << ", chunk_min " << c.chunk_min << ", fit_address " << c.fit_address
+                                      << ", seed " << seed);
       pool_counters k;
       run(c, seed, 10000, &k);
       if (HasFatalFailure()) return;

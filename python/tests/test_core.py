@@ -173,6 +173,21 @@ def test_cli_replay_json_on_default_trace():
     assert rows[0]["fragmentation_all_passes"] >= rows[0]["fragmentation"]
 
 
+def test_fit_address_keeps_the_bundled_trace_from_creeping():
+    """The bundled BERT trace, replayed 12 times through one pool: under the default best fit the
+    peak reserved creeps pass after pass; fit:address keeps it within 1.05 of peak live."""
+    import json
+    out = subprocess.run([sys.executable, "-m", "vramkit", "replay", "--json", "--passes", "12",
+                          "--allocator", "vramkit", "--allocator", "vramkit:fit:address"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    best, address = json.loads(out.stdout)
+    assert address["allocator"] == "vramkit:fit:address"
+    assert best["fragmentation"] <= 1.05 and address["fragmentation"] <= 1.05
+    assert address["fragmentation_all_passes"] <= 1.05
+    assert address["fragmentation_all_passes"] < best["fragmentation_all_passes"]
+
+
 def test_pool_pages_of_another_size_are_backed_whole():
     """VRAMKIT_ALLOC_CONF=page_size:8MiB: the device's pages are 8 MiB too, so every byte of an
     allocation is backed (a 2 MiB device page per 8 MiB pool page left the rest unmapped)."""

@@ -105,6 +105,15 @@ struct pool_options {
   // remap_own_slack 0, the suite's GPT-2 trace held 1.020-1.026 of peak live
   // at every lag in the host model.
   bool plan_steps = false;
+  // fit:address (true) or fit:best (false, the default): which backed free
+  // block a large request (over small_threshold) takes when several fit. Best
+  // takes the tightest; address takes an exact fit, else the lowest-addressed
+  // block that fits, cutting small requests from large free blocks at the low
+  // end. Live blocks then stay packed low in the arena, and on dynamic shapes
+  // (sizes that change from request to request) fewer free gaps lie between
+  // them at the peak, each leaving part of a page unused (docs/BENCHMARKS.md
+  // section 1j).
+  bool fit_address = false;
   // Virtual address space reserved per arena, as a multiple of the capacity.
   double va_factor = 2.0;
 

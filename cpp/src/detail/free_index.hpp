@@ -141,6 +141,24 @@ class free_index {
     return best;
   }
 
+  // A free block of at least `size` bytes for fit:address, or nullptr: the
+  // first exact fit among the first `scan_limit` blocks of size's own bin
+  // (a step that repeats its sizes keeps its places), else the lowest-addressed block that fits among
+  // the first `scan_limit` blocks met going up the non-empty bins from size's
+  // own. Blocks then gather at the low end of the arena even where the
+  // request is much smaller than the free block it is cut from.
+  block* find_lowest(std::size_t size) const noexcept {
+    const unsigned i = bin_of(size);
+    block* best = nullptr;
+    int seen = 0;
+    for (block* b = heads_[i]; b && seen < scan_limit; b = b->fnext, ++seen)
+      if (b->size == size) return b;
+    for (unsigned k = next_bin(i); k < bin_count && seen < scan_limit; k = next_bin(k + 1))
+      for (block* b = heads_[k]; b && seen < scan_limit; b = b->fnext, ++seen)
+        if (b->size >= size && (!best || b->addr < best->addr)) best = b;
+    return best;
+  }
+
   // The tightest fit in size's own bin, looking at every block there (for
   // when find() came back empty: before the pool maps a new page).
   block* find_in_bin(std::size_t size) const noexcept {
@@ -181,6 +199,19 @@ class free_index {
   }
 
  private:
+  static constexpr unsigned bin_count = fl_count * sl_count;
+  // The first non-empty bin at or above k (bin_count when none is).
+  unsigned next_bin(unsigned k) const noexcept {
+    if (k >= bin_count) return bin_count;
+    const unsigned fl = k / sl_count, sl = k % sl_count;
+    const unsigned rest = static_cast<unsigned>(sl_map_[fl]) & ~((1u << sl) - 1);
+    if (rest) return fl * sl_count + static_cast<unsigned>(std::countr_zero(rest));
+    const std::uint64_t up = fl + 1 < fl_count ? (fl_map_ & ~((std::uint64_t{2} << fl) - 1)) : 0;
+    if (!up) return bin_count;
+    const unsigned f = static_cast<unsigned>(std::countr_zero(up));
+    return f * sl_count + static_cast<unsigned>(std::countr_zero(static_cast<unsigned>(sl_map_[f])));
+  }
+
   std::uint64_t fl_map_ = 0;
   std::uint16_t sl_map_[fl_count] = {};
   block* heads_[fl_count * sl_count] = {};

@@ -1,5 +1,6 @@
 // Placement: where a request of `size` bytes goes. In order: a backed free
-// block that fits (the stream's own or a shared one), other streams'
+// block that fits (the stream's own or a shared one; the tightest, or with
+// fit:address an exact fit else the lowest-addressed), other streams'
 // finished frees, every block of the request's bin, then hollow space where
 // the fewest pages must be mapped (inside one free block, or reaching over a
 // run of free blocks the requester may use). The block found is split, and
@@ -206,14 +207,15 @@ void pool_resource::impl::uncarve(block* b, std::uint32_t slot) {
 }
 
 block* pool_resource::impl::try_place(std::size_t size, bool small, std::uint32_t slot, stream_t stream) {
-  block* b = slots.find_fit(size, small, slot, false);
+  const bool by_address = opt.fit_address && !small;  // fit:address (large requests)
+  block* b = slots.find_fit(size, small, slot, false, by_address);
   // Before taking fresh pages, let other streams' finished frees serve.
-  if (!b && slots.size() > 2 && reclaim_streams(false, false)) b = slots.find_fit(size, small, slot, false);
+  if (!b && slots.size() > 2 && reclaim_streams(false, false)) b = slots.find_fit(size, small, slot, false, by_address);
   // Every block of the request's own bin, before mapping anything new.
   if (!b) b = slots.find_fit_exhaustive(size, small, slot);
   // Hollow space: where the fewest pages must be mapped.
   std::uintptr_t at = 0;
-  if (!b && upstream) b = slots.find_fit(size, small, slot, true);
+  if (!b && upstream) b = slots.find_fit(size, small, slot, true, by_address);
   if (!b && !upstream) {
     std::size_t cost = 0;
     b = best_hollow(size, small, slot, at, cost);  // cost: all ones when none fits
@@ -222,7 +224,7 @@ block* pool_resource::impl::try_place(std::size_t size, bool small, std::uint32_
   }
   if (!b && upstream) {
     if (!grow_segment(size, small, stream)) return nullptr;
-    b = slots.find_fit(size, small, slot, false);
+    b = slots.find_fit(size, small, slot, false, by_address);
   }
   if (!b) return nullptr;
   return place(b, at, size, slot);

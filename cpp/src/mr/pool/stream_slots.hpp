@@ -157,9 +157,20 @@ class slot_table {
     if (!stealable(b)) s.steal_unlink(b);
   }
 
-  block* find_fit(std::size_t size, bool small, std::uint32_t slot, bool hollow) {
+  block* find_fit(std::size_t size, bool small, std::uint32_t slot, bool hollow, bool by_address = false) {
     const std::uint32_t order[2] = {slot, 0};
     const int n = slot == 0 ? 1 : 2;
+    if (by_address) {  // fit:address: an exact fit of either slot, else the lower address
+      block* best = nullptr;
+      for (int i = 0; i < n; ++i) {
+        auto& s = slots_[order[i]];
+        block* b = (hollow ? s.hollow : s.backed)[small].find_lowest(size);
+        if (!b) continue;
+        const bool exact = b->size == size, best_exact = best && best->size == size;
+        if (!best || (exact && !best_exact) || (exact == best_exact && b->addr < best->addr)) best = b;
+      }
+      return best;
+    }
     // The tighter of the stream's own fit and the shared one (lower address on ties).
     block* best = nullptr;
     for (int i = 0; i < n; ++i) {
