@@ -9,10 +9,17 @@ must hold the step after the repeated one (the window is checked against it: a s
 repeat is refused). The output is quick_replay's "action id size stream" lines, ids dense.
 
     python3 scripts/repeat_steps.py TRACE FIRST PERIOD N OUT
+    python3 scripts/repeat_steps.py --body TRACE N OUT
 
 TRACE: any trace vramkit.trace.load_trace reads (PyTorch snapshot, CSV trace, RMM log, v1), or
 quick_replay lines ("action id size stream"). FIRST: the operation the repeated step begins at;
 PERIOD: its operations; N: the copies added after it.
+
+--body: a serving run made longer. The blocks made before the trace's first free and freed after
+its last allocation (or never: a model's weights) stay live throughout; every other operation,
+the body, comes N + 1 times in a row, each copy's blocks new (a block the body never frees is freed
+at the end of its copy), and the kept blocks are freed at the end. Replayed in one pass, it shows what a pool does over a long run without starting each pass
+from an empty pool.
 """
 from __future__ import annotations
 
@@ -102,16 +109,58 @@ def repeat(ops, first: int, period: int, copies: int):
     return rows
 
 
+def repeat_body(ops, copies: int):
+    if copies < 0:
+        raise ValueError("the number of copies cannot be negative")
+    allocs = [q for q, (a, _, _, _) in enumerate(ops) if a == 0]
+    frees = [q for q, (a, _, _, _) in enumerate(ops) if a == 1]
+    if not allocs:
+        raise ValueError("the trace makes no block")
+    first_free = frees[0] if frees else len(ops)
+    last_alloc = allocs[-1]
+    made_at, freed_at = {}, {}
+    for q, (a, i, _, _) in enumerate(ops):
+        (made_at if a == 0 else freed_at)[i] = q
+    kept = {i for i, q in made_at.items() if q < first_free and freed_at.get(i, len(ops)) > last_alloc}
+    body = [op for op in ops if op[1] not in kept]
+    # A block of the body the trace never frees is freed at the end of its copy (as a replay frees
+    # what a pass left live), so that copies do not pile up.
+    body += [(1, i, s, st) for a, i, s, st in ops if a == 0 and i not in kept and i not in freed_at]
+    if not body:
+        raise ValueError("every block of the trace is kept: there is no body to repeat")
+    big = max(i for _, i, _, _ in ops) + 1
+    out = [op for op in ops if op[0] == 0 and op[1] in kept]
+    for k in range(copies + 1):
+        out.extend((a, i + (k + 1) * big, s, st) for a, i, s, st in body)
+    out.extend((1, i, s, st) for a, i, s, st in ops if a == 0 and i in kept)
+    dense = {}
+    rows = []
+    for a, i, s, st in out:
+        if a == 0:
+            dense[i] = len(dense)
+        rows.append((a, dense[i], s, st))
+    return rows, len(kept)
+
+
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    argv = sys.argv[1:] if argv is None else list(argv)
+    body = "--body" in argv
+    if body:
+        argv.remove("--body")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 usage="%(prog)s TRACE FIRST PERIOD N OUT | %(prog)s --body TRACE N OUT")
     ap.add_argument("trace")
-    ap.add_argument("first", type=int)
-    ap.add_argument("period", type=int)
+    if not body:
+        ap.add_argument("first", type=int)
+        ap.add_argument("period", type=int)
     ap.add_argument("copies", type=int)
     ap.add_argument("out")
     a = ap.parse_args(argv)
     try:
-        rows = repeat(read_ops(a.trace), a.first, a.period, a.copies)
+        if body:
+            rows, kept = repeat_body(read_ops(a.trace), a.copies)
+        else:
+            rows = repeat(read_ops(a.trace), a.first, a.period, a.copies)
     except (OSError, ValueError) as e:
         print(f"repeat_steps: {e}", file=sys.stderr)
         return 2
@@ -124,8 +173,11 @@ def main(argv=None) -> int:
     except BaseException:
         os.unlink(tmp)
         raise
-    print(f"{len(rows)} operations: the trace to {a.first + a.period}, then the step "
-          f"[{a.first}, {a.first + a.period}) {a.copies} more times")
+    if body:
+        print(f"{len(rows)} operations: {kept} blocks kept live, the rest {a.copies + 1} times in a row")
+    else:
+        print(f"{len(rows)} operations: the trace to {a.first + a.period}, then the step "
+              f"[{a.first}, {a.first + a.period}) {a.copies} more times")
     return 0
 
 

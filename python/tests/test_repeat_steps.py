@@ -109,3 +109,65 @@ def test_the_cli_writes_quick_replay_lines(tmp_path):
     got = [tuple(int(x) for x in line.split()) for line in dst.read_text().splitlines()]
     check_whole(got)
     assert len(got) == first + 5 * period + 2
+
+
+def serving_run():
+    """Weights made first and never freed, then requests whose blocks come and go; the last
+    request's output is never freed either (a recording that stopped with it live)."""
+    rows = [(0, 0, 40 * MiB, 0), (0, 1, 24 * MiB, 0)]
+    nid = 2
+    for n in (3, 7, 5):
+        acts = list(range(nid, nid + 3))
+        for k, i in enumerate(acts):
+            rows.append((0, i, (n + k) * MiB, 0))
+        for i in reversed(acts):
+            rows.append((1, i, 0, 0))
+        nid += 3
+    rows.append((0, nid, 2 * MiB, 0))  # never freed
+    return rows
+
+
+def test_body_keeps_the_weights_and_repeats_the_rest():
+    rows = serving_run()
+    got, kept = repeat_steps.repeat_body(rows, 2)
+    assert kept == 2
+    check_whole(got)
+    assert got[:2] == [(0, 0, 40 * MiB, 0), (0, 1, 24 * MiB, 0)]
+    assert got[-2:] == [(1, 0, 40 * MiB, 0), (1, 1, 24 * MiB, 0)]
+    body = rows[2:] + [(1, 11, 2 * MiB, 0)]  # the unfreed output, freed at the end of its copy
+    middle = got[2:-2]
+    assert len(middle) == 3 * len(body)
+    for k in range(3):
+        copy = middle[k * len(body):(k + 1) * len(body)]
+        assert [(a, s) for a, _, s, _ in copy if a == 0] == [(a, s) for a, _, s, _ in body if a == 0]
+        ids = {i for a, i, _, _ in copy if a == 0}
+        assert len(ids) == 10 and not ids & {0, 1}
+    # The weights live through every copy: the peak is theirs plus the largest request's.
+    live = peak = 0
+    size = {}
+    for a, i, s, _ in got:
+        if a == 0:
+            size[i] = s
+            live += s
+        else:
+            live -= size[i]
+        peak = max(peak, live)
+    assert peak == (40 + 24 + 7 + 8 + 9) * MiB
+
+
+def test_body_refuses_what_it_cannot_repeat(tmp_path):
+    with pytest.raises(ValueError, match="cannot be negative"):
+        repeat_steps.repeat_body(serving_run(), -1)
+    with pytest.raises(ValueError, match="no body"):
+        repeat_steps.repeat_body([(0, 0, MiB, 0), (0, 1, MiB, 0)], 3)
+    with pytest.raises(ValueError, match="makes no block"):
+        repeat_steps.repeat_body([], 3)
+    src = tmp_path / "t.ops"
+    src.write_text("".join(f"{a} {i} {s} {st}\n" for a, i, s, st in serving_run()))
+    dst = tmp_path / "long.ops"
+    r = subprocess.run([sys.executable, SCRIPT, "--body", str(src), "4", str(dst)], capture_output=True, text=True)
+    assert r.returncode == 0 and "2 blocks kept live, the rest 5 times in a row" in r.stdout
+    check_whole([tuple(int(x) for x in line.split()) for line in dst.read_text().splitlines()])
+    r = subprocess.run([sys.executable, SCRIPT, "--body", str(tmp_path / "missing.ops"), "4", str(dst)],
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "repeat_steps:" in r.stderr
