@@ -46,6 +46,17 @@ def read_ops(path: str) -> list[tuple[int, int, int, int]]:
     return [(int(a), int(i), int(s), int(st)) for a, i, s, st in t.ops[:, :4]]
 
 
+def dense_ids(out):
+    """The same operations with ids 0, 1, 2, ... in the order the blocks are made."""
+    dense = {}
+    rows = []
+    for a, i, s, st in out:
+        if a == 0:
+            dense[i] = len(dense)
+        rows.append((a, dense[i], s, st))
+    return rows
+
+
 def repeat(ops, first: int, period: int, copies: int):
     end = first + period
     if first < 0 or period <= 0 or end + period > len(ops):
@@ -100,13 +111,7 @@ def repeat(ops, first: int, period: int, copies: int):
         else:
             live.pop(i, None)
     out.extend((1, i, s, st) for i, (s, st) in live.items())
-    dense = {}
-    rows = []
-    for a, i, s, st in out:
-        if a == 0:
-            dense[i] = len(dense)
-        rows.append((a, dense[i], s, st))
-    return rows
+    return dense_ids(out)
 
 
 def repeat_body(ops, copies: int):
@@ -133,13 +138,7 @@ def repeat_body(ops, copies: int):
     for k in range(copies + 1):
         out.extend((a, i + (k + 1) * big, s, st) for a, i, s, st in body)
     out.extend((1, i, s, st) for a, i, s, st in ops if a == 0 and i in kept)
-    dense = {}
-    rows = []
-    for a, i, s, st in out:
-        if a == 0:
-            dense[i] = len(dense)
-        rows.append((a, dense[i], s, st))
-    return rows, len(kept)
+    return dense_ids(out), len(kept)
 
 
 def main(argv=None) -> int:
