@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <vector>
 
 #include "vramkit/mr/pool_resource.hpp"
 #include "vramkit/platform/host_page_device.hpp"
@@ -111,4 +112,23 @@ TEST(pool_fit, parsed_and_printed) {
     EXPECT_NE(std::string(e.what()).find("fit takes best or address, not 'first'"), std::string::npos) << e.what();
   }
   EXPECT_FALSE(o.fit_address) << "a refused string changes nothing";
+}
+
+TEST(pool_fit, address_looks_past_a_full_bin_of_inexact_fits) {
+  // 64 free blocks in the request's own size class, none of its exact size,
+  // the lowest-addressed the largest: the walk for the lowest address still
+  // looks at them all after the search for an exact fit has.
+  pool_options o;
+  o.fit_address = true;
+  pool_resource pool(std::make_shared<host_page_device>(std::size_t{1} << 30), nullptr, o);
+  const std::size_t request = 2 * MiB + 64 * 1024;
+  std::vector<void*> holes, spacers;
+  for (std::size_t k = 0; k < 64; ++k) {
+    holes.push_back(pool.allocate(request + 512 * (64 - k)));
+    spacers.push_back(pool.allocate(MiB + MiB / 2));
+  }
+  for (std::size_t k = 0; k < 64; ++k) pool.deallocate(holes[k], request + 512 * (64 - k));
+  EXPECT_EQ(pool.allocate(request), holes[0]);
+  for (void* s : spacers) pool.deallocate(s, MiB + MiB / 2);
+  pool.check_invariants();
 }

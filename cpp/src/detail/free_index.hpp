@@ -153,6 +153,7 @@ class free_index {
     int seen = 0;
     for (block* b = heads_[i]; b && seen < scan_limit; b = b->fnext, ++seen)
       if (b->size == size) return b;
+    seen = 0;  // the walk below looks at the own bin again, for blocks larger than size
     for (unsigned k = next_bin(i); k < bin_count && seen < scan_limit; k = next_bin(k + 1))
       for (block* b = heads_[k]; b && seen < scan_limit; b = b->fnext, ++seen)
         if (b->size >= size && (!best || b->addr < best->addr)) best = b;
