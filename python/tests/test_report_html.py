@@ -122,6 +122,39 @@ def test_verdict_when_another_allocator_wins(trace, report_inputs):
     assert "(ideal packing, 2 MiB pages (model): 300 ns)" in page
 
 
+def test_all_passes_column_only_where_the_peak_grew(trace, report_inputs):
+    results, timelines, state = report_inputs
+    flat = [dict(r, fragmentation=1.02, fragmentation_all_passes=1.02) for r in results]
+    page = build_report_html(trace, flat, timelines, None, "t")
+    assert "all passes</th>" not in page and "Replayed again" not in page
+    grew = [dict(flat[0], fragmentation_all_passes=1.137)] + flat[1:]
+    page = build_report_html(trace, grew, timelines, None, "t")
+    assert "live floor, all passes</th>" in page
+    assert "over all passes it reaches <b>1.137\u00d7</b> the live floor, against 1.020\u00d7 in the first" in page
+    cells = re.findall(r'<td class="num[^"]*">([0-9.]+)\u00d7</td>', page)
+    assert cells == ["1.137", "1.020"]  # one all-passes cell per allocator, in order
+
+
+def test_cli_report_shows_the_creep_over_passes(tmp_path):
+    """On the bundled BERT trace the default pool's peak grows over 12 passes; the page says so, with
+    the same figure as `vramkit replay --json`."""
+    import json
+    import subprocess
+    args = ["--passes", "12", "--allocator", "vramkit"]
+    html = tmp_path / "r.html"
+    p = subprocess.run([sys.executable, "-m", "vramkit", "report", "-o", str(html), "--no-progress", *args],
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr
+    q = subprocess.run([sys.executable, "-m", "vramkit", "replay", "--json", *args],
+                       capture_output=True, text=True, timeout=600)
+    assert q.returncode == 0, q.stderr
+    row = json.loads(q.stdout)[0]
+    assert row["fragmentation_all_passes"] > row["fragmentation"] + 0.01
+    page = html.read_text(encoding="utf-8")
+    assert "live floor, all passes</th>" in page
+    assert f"reaches <b>{row['fragmentation_all_passes']:.3f}\u00d7</b>" in page
+
+
 def test_render_is_atomic(tmp_path, monkeypatch, trace, report_inputs):
     import vramkit.report.html as report_html
     results, timelines, state = report_inputs
