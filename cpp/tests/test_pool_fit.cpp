@@ -70,6 +70,23 @@ TEST(pool_fit, address_takes_an_exact_fit_before_a_lower_block) {
   t.pool->check_invariants();
 }
 
+TEST(pool_fit, address_near_the_peak_takes_the_tightest_block) {
+  // With the live peak reset to what is live now (reset_peaks), a request
+  // takes live bytes past 15/16 of the peak: there the tightest fit packs
+  // best, and fit:address takes it as fit:best does.
+  auto t = make(true);
+  t.pool->reset_peaks();
+  void* p = t.pool->allocate(2 * MiB + 512 * 1024);
+  EXPECT_EQ(p, t.high);
+  // Far enough below the peak again (its blocks freed), the lowest block that fits.
+  t.pool->deallocate(p, 2 * MiB + 512 * 1024);
+  t.pool->deallocate(t.spacers[1], 2 * MiB);
+  t.spacers[1] = nullptr;
+  void* q = t.pool->allocate(2 * MiB + 512 * 1024);
+  EXPECT_EQ(q, t.low);
+  t.pool->check_invariants();
+}
+
 TEST(pool_fit, small_requests_keep_the_best_fit) {
   // Requests at or under small_threshold live in their own arena, where the
   // option changes nothing: the same addresses under both settings.

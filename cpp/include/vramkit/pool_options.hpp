@@ -112,7 +112,9 @@ struct pool_options {
   // end. Live blocks then stay packed low in the arena, and on dynamic shapes
   // (sizes that change from request to request) fewer free gaps lie between
   // them at the peak, each leaving part of a page unused (docs/BENCHMARKS.md
-  // section 1j).
+  // section 1j). Only below the peak: a request that takes live bytes to
+  // within a 16th of the peak live so far (the pool growing, or at its peak)
+  // takes the tightest fit, which packs a first pass best.
   bool fit_address = false;
   // Virtual address space reserved per arena, as a multiple of the capacity.
   double va_factor = 2.0;

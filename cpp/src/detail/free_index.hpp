@@ -143,20 +143,22 @@ class free_index {
 
   // A free block of at least `size` bytes for fit:address, or nullptr: the
   // first exact fit among the first `scan_limit` blocks of size's own bin
-  // (a step that repeats its sizes keeps its places), else the lowest-addressed block that fits among
-  // the first `scan_limit` blocks met going up the non-empty bins from size's
-  // own. Blocks then gather at the low end of the arena even where the
-  // request is much smaller than the free block it is cut from.
+  // (a step that repeats its sizes keeps its places), else the lowest-addressed
+  // block that fits among the first `scan_limit` blocks met going up the
+  // non-empty bins from size's own (the own bin's are looked at once, for both).
+  // Blocks then gather at the low end of the arena even where the request is
+  // much smaller than the free block it is cut from.
   block* find_lowest(std::size_t size) const noexcept {
     const unsigned i = bin_of(size);
     block* best = nullptr;
     int seen = 0;
-    for (block* b = heads_[i]; b && seen < scan_limit; b = b->fnext, ++seen)
+    for (block* b = heads_[i]; b && seen < scan_limit; b = b->fnext, ++seen) {
       if (b->size == size) return b;
-    seen = 0;  // the walk below looks at the own bin again, for blocks larger than size
-    for (unsigned k = next_bin(i); k < bin_count && seen < scan_limit; k = next_bin(k + 1))
-      for (block* b = heads_[k]; b && seen < scan_limit; b = b->fnext, ++seen)
-        if (b->size >= size && (!best || b->addr < best->addr)) best = b;
+      if (b->size > size && (!best || b->addr < best->addr)) best = b;
+    }
+    for (unsigned k = next_bin(i + 1); k < bin_count && seen < scan_limit; k = next_bin(k + 1))
+      for (block* b = heads_[k]; b && seen < scan_limit; b = b->fnext, ++seen)  // every block here fits
+        if (!best || b->addr < best->addr) best = b;
     return best;
   }
 

@@ -207,7 +207,9 @@ void pool_resource::impl::uncarve(block* b, std::uint32_t slot) {
 }
 
 block* pool_resource::impl::try_place(std::size_t size, bool small, std::uint32_t slot, stream_t stream) {
-  const bool by_address = opt.fit_address && !small;  // fit:address (large requests)
+  // fit:address (large requests), below the peak: where the request takes live bytes to within a
+  // 16th of the peak live so far (the pool growing, or at its peak), the tightest fit packs best.
+  const bool by_address = opt.fit_address && !small && live_bytes + size <= peak_live - peak_live / 16;
   block* b = slots.find_fit(size, small, slot, false, by_address);
   // Before taking fresh pages, let other streams' finished frees serve.
   if (!b && slots.size() > 2 && reclaim_streams(false, false)) b = slots.find_fit(size, small, slot, false, by_address);
