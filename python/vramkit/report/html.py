@@ -447,7 +447,7 @@ def _comparison_table(rows: list[dict[str, Any]], peak_live: int, colors: Mappin
         def cls(key: str) -> str:
             hit = r[key] is not None and r[key] == best[key] and len(rows) > 1
             return " best" if hit else ""
-        frag = "\u2014" if r["frag"] is None else f"{r['frag']:.3f}\u00d7"
+        frag = _times(r["frag"])
         bar = "" if r["frag"] is None else \
             f'<div class="bar"><span style="width:{min(100.0, 100.0 * r["frag"] / fmax):.1f}%"></span></div>'
         cost = "\u2014" if r["reserved"] is None else format_bytes(r["reserved"] - peak_live)
