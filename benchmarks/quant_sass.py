@@ -48,9 +48,9 @@ def functions(sass: str) -> dict[str, list[tuple[int, str]]]:
     return out
 
 
-def loop_turn(instructions: list[tuple[int, str]]) -> int | None:
-    """Instructions from the first group of next-tile loads to the second (one turn of the loop
-    that takes turns between two register sets); None when the kernel has no such loop."""
+def turn_range(instructions: list[tuple[int, str]]) -> tuple[int, int] | None:
+    """Addresses [start, end) of one turn of the loop that takes turns between two register sets:
+    from the first group of next-tile loads to the second; None when the kernel has no such loop."""
     starts, prev = [], None
     for addr, text in instructions:
         if NEXT_TILE_LOAD.match(text):
@@ -59,7 +59,34 @@ def loop_turn(instructions: list[tuple[int, str]]) -> int | None:
             prev = addr
     if len(starts) < 2:
         return None
-    return (starts[1] - starts[0]) // 16
+    return starts[0], starts[1]
+
+
+def loop_turn(instructions: list[tuple[int, str]]) -> int | None:
+    """Instructions in one turn of the main loop (turn_range), or None."""
+    r = turn_range(instructions)
+    return None if r is None else (r[1] - r[0]) // 16
+
+
+def opcode(text: str) -> str:
+    """An instruction's mnemonic without its predicate and modifiers: '@!P0 LDG.E.128 R4, ...' -> 'LDG'."""
+    words = text.split()
+    if words and words[0].startswith("@"):
+        words = words[1:]
+    return words[0].split(".")[0] if words else "?"
+
+
+def turn_mix(instructions: list[tuple[int, str]]) -> dict[str, int]:
+    """How many of each mnemonic one turn of the main loop holds ({} when there is no such loop)."""
+    r = turn_range(instructions)
+    mix: dict[str, int] = {}
+    if r is None:
+        return mix
+    for addr, text in instructions:
+        if r[0] <= addr < r[1]:
+            op = opcode(text)
+            mix[op] = mix.get(op, 0) + 1
+    return mix
 
 
 def encoder_rows(sass: str, formats=(1, 4, 5)) -> list[dict]:
@@ -76,7 +103,8 @@ def encoder_rows(sass: str, formats=(1, 4, 5)) -> list[dict]:
         elements = tile // nt
         rows.append({"format": FORMATS[f], "dtype": DTYPES[t][0], "table": "direct" if direct == "1" else "buckets",
                      "block": f"2^{lb}" if lb else "any", "tile": tile, "threads": nt, "instructions": turn,
-                     "elements": elements, "per_element": turn / elements if turn else None})
+                     "elements": elements, "per_element": turn / elements if turn else None,
+                     "mix": turn_mix(ins)})
     rows.sort(key=lambda r: (r["format"], r["dtype"], r["block"], r["table"], r["tile"]))
     return rows
 
@@ -99,6 +127,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("builds", nargs="+", help="kernel libraries or cubins (cuobjdump reads them), or .sass text")
     ap.add_argument("--formats", default="int8_dynamic,nf4,fp4", help="comma list (default: the table formats)")
+    ap.add_argument("--mix", type=int, default=0, metavar="N",
+                    help="also list each encoder's N most frequent instructions of a turn, per element")
     a = ap.parse_args(argv)
     names = {v: k for k, v in FORMATS.items()}
     try:
@@ -114,6 +144,9 @@ def main(argv=None) -> int:
             per = "-" if r["per_element"] is None else f"{r['per_element']:.2f}"
             print(f"| {path} | {r['format']} | {r['dtype']} | {r['block']} | {r['table']} | {r['tile']} | "
                   f"{r['threads']} | {r['instructions'] or '-'} | {r['elements']} | {per} |")
+            if a.mix and r["mix"]:
+                top = sorted(r["mix"].items(), key=lambda kv: (-kv[1], kv[0]))[:a.mix]
+                print("|  | " + ", ".join(f"{op} {n / r['elements']:.2f}" for op, n in top) + " | | | | | | | | |")
     if not found:
         print("quant_sass: no encoder kernels found", file=sys.stderr)
         return 1

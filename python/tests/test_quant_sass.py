@@ -65,3 +65,16 @@ def test_command_line(tmp_path, capsys):
     assert quant_sass.main([str(empty)]) == 1
     with pytest.raises(SystemExit):
         quant_sass.main([str(f), "--formats", "nf5"])
+
+
+def test_instruction_mix_of_a_turn(capsys, tmp_path):
+    # one turn: 2 predicated loads and 30 FMULs, over 8 elements a thread
+    r = quant_sass.encoder_rows(sass(NF4_BF16, turns=3, body=30, loads=2))[0]
+    assert r["mix"] == {"LDG": 2, "FMUL": 30}
+    assert quant_sass.opcode("@!P0 LDG.E.128 R8, desc[UR4][R12.64]") == "LDG"
+    assert quant_sass.opcode("SHFL.BFLY PT, R1, R2, 0x1, 0x1f") == "SHFL"
+    assert quant_sass.encoder_rows(sass(NF4_BF16, turns=1, body=30))[0]["mix"] == {}
+    f = tmp_path / "k.sass"
+    f.write_text(sass(NF4_BF16, turns=2, body=22))
+    assert quant_sass.main([str(f), "--mix", "2"]) == 0
+    assert "|  | FMUL 2.75, LDG 0.25 |" in capsys.readouterr().out
