@@ -61,6 +61,12 @@ namespace {
 #ifndef VK_QUANT_ENC_TILES_16BIT
 #define VK_QUANT_ENC_TILES_16BIT 1
 #endif
+#ifndef VK_QUANT_ENC_ONE_RECIP
+#define VK_QUANT_ENC_ONE_RECIP 1  // one reciprocal for a thread's rows when they lie in one block (0: one a row)
+#endif
+#ifndef VK_QUANT_ENC_PACKED
+#define VK_QUANT_ENC_PACKED 1  // the encoders' tables one 32-bit word an entry (quant_tables.cuh); 0: two words, a float comparison
+#endif
 constexpr int kThreads = 256;  // the scale compression
 constexpr int kDecThreads = VK_QUANT_DEC_THREADS;
 constexpr int kTile = 4096;                // encoder tile, elements (blocks of up to 4096 fit in one)
@@ -169,29 +175,79 @@ __device__ __forceinline__ int bucket_of_float(const table_spec& s, float v) {
   return static_cast<int>(__float_as_uint(v) >> 31) * s.per_sign() + t;
 }
 
-// The shared-memory tables keep an entry's codes as low code | high code << 16 (see build_tables):
-// the encoders return the code in the low byte and leave the bits above it to the packing, which
-// takes only low bytes.
-__device__ __forceinline__ uint32_t enc_table(const table_spec& s, const uint2* bucket, float v) {
-  const uint2 b = bucket[bucket_of_float(s, v)];
+#if VK_QUANT_ENC_PACKED
+using table_word = uint32_t;  // a packed entry (quant_tables.cuh)
+#else
+using table_word = uint2;  // {threshold bits, low code | high code << 16}
+#endif
+
+// Whether a packed entry's comparison holds (low M bits of v's bits above its T, S = 32 - M): the
+// carry out of (u << S) + w, which the compiler makes one shift-and-add with a carry predicate.
+template <int S>
+__device__ __forceinline__ bool packed_above(uint32_t u, uint32_t w) {
+  uint32_t c;
+  asm("{\n\t.reg .u32 t;\n\tshl.b32 t, %1, %3;\n\tadd.cc.u32 t, t, %2;\n\taddc.u32 %0, 0, 0;\n\t}"
+      : "=r"(c) : "r"(u), "r"(w), "n"(S));
+  return c != 0;
+}
+
+// The code of a table format from its entry. Two-word entries keep the codes as low code | high
+// code << 16 (see build_tables) and the result has the code in the low byte, the bits above it
+// left to the packing, which takes only low bytes. Packed entries of a 4-bit format give the code
+// in bits 0-3 (HIGH = false) or 4-7 (HIGH: the first element of a pair, its byte's high nibble),
+// and the pair's byte is one bitwise select (pair_byte); those of the dynamic map in the low byte.
+template <int F, bool HIGH>
+__device__ __forceinline__ uint32_t code_from(table_word b, float v) {
+#if VK_QUANT_ENC_PACKED
+  constexpr int S = 32 - packed_low_bits(F, F != VK_QUANT_INT8_DYNAMIC), W = packed_code_shift(F);
+  const bool above = packed_above<S>(__float_as_uint(v), b);
+  if constexpr (W == 4 && HIGH) return above ? b : b << 4;
+  else return above ? b >> W : b;
+#else
   return v > __uint_as_float(b.x) ? b.y >> 16 : b.y;
+#endif
+}
+static_assert(packed_low_bits(VK_QUANT_NF4, false) == 21 && packed_low_bits(VK_QUANT_FP4, false) == 21 &&
+                  packed_low_bits(VK_QUANT_NF4, true) == 21 && packed_low_bits(VK_QUANT_INT8_DYNAMIC, false) == 16,
+              "the 4-bit formats' bucket and direct tables compare the same low bits");
+
+// A 4-bit pair's byte (byte 0; the bits above it are not the pair's) from its two codes.
+__device__ __forceinline__ uint32_t pair_byte(uint32_t first, uint32_t second) {
+#if VK_QUANT_ENC_PACKED
+  uint32_t r;  // (first & 0xf0) | (second & 0x0f): one three-input bitwise operation
+  asm("lop3.b32 %0, %1, 0xf0, %2, 0xe2;" : "=r"(r) : "r"(first), "r"(second));
+  return r;
+#else
+  return (first << 4) + second;  // no carry: the low nibbles are whole codes
+#endif
+}
+
+template <int F, bool HIGH = false>
+__device__ __forceinline__ uint32_t enc_table(const table_spec& s, const table_word* bucket, float v) {
+  return code_from<F, HIGH>(bucket[bucket_of_float(s, v)], v);
 }
 
 // The same code from the direct table of a 4-bit format (index: the value's top 11 bits).
-__device__ __forceinline__ uint32_t enc_direct(const uint2* direct, float v) {
-  const uint2 b = direct[__float_as_uint(v) >> 21];
-  return v > __uint_as_float(b.x) ? b.y >> 16 : b.y;
+template <int F, bool HIGH = false>
+__device__ __forceinline__ uint32_t enc_direct(const table_word* direct, float v) {
+  return code_from<F, HIGH>(direct[__float_as_uint(v) >> 21], v);
 }
 
 // DIRECT (4-bit formats): the 2048-entry direct table instead of the bucket table.
 template <int F, bool DIRECT> struct alignas(16) shared_tables {
   static constexpr int kBuckets = !is_table(F) ? 1 : DIRECT ? kDirectEntries : spec_of(F).buckets();
-  uint2 bucket[kBuckets];
+  table_word bucket[kBuckets];
   float thr[is_table(F) && !VK_QUANT_ENC_CONST_TABLES ? spec_of(F).slots : 1];  // only to build the buckets
 };
 
-// A table entry as the shared-memory tables keep it: {threshold bits, low code | high code << 16}.
+// A table entry as the shared-memory tables keep it: one packed word, or {threshold bits, low
+// code | high code << 16}.
 VKQ_HDC void table_entry(int format, bool direct, const float* thr, int b, uint32_t* out) {
+  if (VK_QUANT_ENC_PACKED) {
+    bool ok = true;
+    out[0] = packed_entry(format, direct, thr, b, &ok);
+    return;
+  }
   uint32_t e[2] = {0, 0};
   const table_spec s = spec_of(format);
   if (direct) {
@@ -208,15 +264,17 @@ VKQ_HDC void table_entry(int format, bool direct, const float* thr, int b, uint3
 // format's table into shared memory instead of computing it, as the decoders do with their values.
 template <int F, bool DIRECT> struct const_table {
   static constexpr int kBuckets = shared_tables<F, DIRECT>::kBuckets;
-  static_assert(kBuckets % 2 == 0, "copied 16 bytes at a time");
-  alignas(16) uint32_t w[2 * kBuckets];
+  static constexpr int kWords = kBuckets * static_cast<int>(sizeof(table_word) / 4);
+  static_assert(kWords % 4 == 0, "copied 16 bytes at a time");
+  alignas(16) uint32_t w[kWords];
 };
 template <int F, bool DIRECT> constexpr const_table<F, DIRECT> make_const_table() {
   constexpr table_spec s = spec_of(F);
   float thr[s.slots] = {};
   for (int k = 0; k < s.slots; ++k) thr[k] = k < s.values - 1 ? threshold(F, k) : u2f(0x7f800000u);
   const_table<F, DIRECT> t{};
-  for (int b = 0; b < const_table<F, DIRECT>::kBuckets; ++b) table_entry(F, DIRECT, thr, b, t.w + 2 * b);
+  constexpr int words = static_cast<int>(sizeof(table_word) / 4);
+  for (int b = 0; b < const_table<F, DIRECT>::kBuckets; ++b) table_entry(F, DIRECT, thr, b, t.w + words * b);
   return t;
 }
 // Every bucket of a format's bucket table holds at most one threshold (else the one comparison
@@ -230,6 +288,15 @@ template <int F> constexpr bool buckets_hold_one_threshold() {
     bool ok = true;
     make_bucket(F, s, thr, b, e, &ok);
     if (!ok) return false;
+    packed_entry(F, false, thr, b, &ok);
+    if (!ok) return false;
+  }
+  if constexpr (is_4bit(F)) {
+    for (int d = 0; d < kDirectEntries; ++d) {
+      bool ok = true;
+      packed_entry(F, true, thr, d, &ok);
+      if (!ok) return false;
+    }
   }
   return true;
 }
@@ -252,20 +319,23 @@ template <int F, bool DIRECT> __device__ __forceinline__ const uint32_t* const_t
 template <int F, bool DIRECT>
 __device__ void build_tables(shared_tables<F, DIRECT>& t) {
   if constexpr (is_table(F)) {
-    constexpr int kBuckets = shared_tables<F, DIRECT>::kBuckets;
 #if VK_QUANT_ENC_CONST_TABLES
     const uint4* src = reinterpret_cast<const uint4*>(const_table_of<F, DIRECT>());
     uint4* dst = reinterpret_cast<uint4*>(t.bucket);
-    for (int i = threadIdx.x; i < kBuckets / 2; i += blockDim.x) dst[i] = src[i];
+    for (int i = threadIdx.x; i < const_table<F, DIRECT>::kWords / 4; i += blockDim.x) dst[i] = src[i];
 #else
     constexpr table_spec s = spec_of(F);
     for (int k = threadIdx.x; k < s.slots; k += blockDim.x)
       t.thr[k] = k < s.values - 1 ? threshold(F, k) : __uint_as_float(0x7f800000u);
     __syncthreads();
-    for (int b = threadIdx.x; b < kBuckets; b += blockDim.x) {
+    for (int b = threadIdx.x; b < shared_tables<F, DIRECT>::kBuckets; b += blockDim.x) {
       uint32_t e[2];
       table_entry(F, DIRECT, t.thr, b, e);
+#if VK_QUANT_ENC_PACKED
+      t.bucket[b] = e[0];
+#else
       t.bucket[b] = make_uint2(e[0], e[1]);
+#endif
     }
 #endif
     __syncthreads();
@@ -342,11 +412,20 @@ __device__ __forceinline__ void encode_tile(float (&v)[TILE / (NT * elem<T>::V)]
     for (int r = 0; r < R; ++r) m[r] = a;
   }
   auto reciprocal = [](float a) { return a > 0.0f ? fminf(__fdiv_rn(qmax(F), a), FLT_MAX) : 0.0f; };
-  // CONTIG, whole tiles: one reciprocal for the thread's rows (one block), and their code words
+  // One reciprocal (an IEEE division) for all of the thread's rows where they lie in one block:
+  // with CONTIG, and for blocks of 32 x R vectors and more (1,024 fp32 elements or 2,048 16-bit
+  // ones at the default tile); one a row otherwise. CONTIG, whole tiles: the rows' code words are
   // kept for one store.
   constexpr bool JOIN = CONTIG && FULL && VEC;
-  float inv_rows = 0.0f;
-  if constexpr (CONTIG) inv_rows = reciprocal(m[0]);
+  float inv[R];
+  if (CONTIG || (VK_QUANT_ENC_ONE_RECIP && R > 1 && G >= 32 * R)) {
+    const float one = reciprocal(m[0]);
+#pragma unroll
+    for (int r = 0; r < R; ++r) inv[r] = one;
+  } else {
+#pragma unroll
+    for (int r = 0; r < R; ++r) inv[r] = reciprocal(m[r]);
+  }
   uint32_t kept[R][2];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
@@ -354,23 +433,25 @@ __device__ __forceinline__ void encode_tile(float (&v)[TILE / (NT * elem<T>::V)]
     const int64_t e = base + static_cast<int64_t>(vi) * V;
     if (!FULL && e >= n) continue;
     if ((CONTIG ? r == 0 : true) && (vi & (G - 1)) == 0) absmax[e >> log2b] = m[r];
-    const float inv = CONTIG ? inv_rows : reciprocal(m[r]);
     uint32_t c[V];
     if constexpr (F == VK_QUANT_INT8) {
 #pragma unroll
-      for (int j = 0; j < V; ++j) c[j] = enc_int8(v[r][j], inv);
+      for (int j = 0; j < V; ++j) c[j] = enc_int8(v[r][j], inv[r]);
     } else if constexpr (F == VK_QUANT_FP8_E4M3 || F == VK_QUANT_FP8_E5M2) {
 #pragma unroll
       for (int j = 0; j < V; j += 2) {
-        const uint32_t p = enc_fp8x2<F>(__fmul_rn(v[r][j], inv), __fmul_rn(v[r][j + 1], inv));
+        const uint32_t p = enc_fp8x2<F>(__fmul_rn(v[r][j], inv[r]), __fmul_rn(v[r][j + 1], inv[r]));
         c[j] = p;  // the low byte is element j's (packing takes low bytes only)
         c[j + 1] = p >> 8;
       }
     } else {
 #pragma unroll
       for (int j = 0; j < V; ++j) {
-        if constexpr (DIRECT) c[j] = enc_direct(tables.bucket, __fmul_rn(v[r][j], inv));
-        else c[j] = enc_table(spec, tables.bucket, __fmul_rn(v[r][j], inv));
+        const float q = __fmul_rn(v[r][j], inv[r]);
+        if (is_4bit(F) && j % 2 == 0)  // the first of a pair: its byte's high nibble
+          c[j] = DIRECT ? enc_direct<F, true>(tables.bucket, q) : enc_table<F, true>(spec, tables.bucket, q);
+        else
+          c[j] = DIRECT ? enc_direct<F>(tables.bucket, q) : enc_table<F>(spec, tables.bucket, q);
       }
     }
     const bool whole = VEC && (FULL || e + V <= n);  // !VEC: codes may be unaligned
@@ -380,9 +461,9 @@ __device__ __forceinline__ void encode_tile(float (&v)[TILE / (NT * elem<T>::V)]
       return __byte_perm(__byte_perm(a, b, 0x0040), __byte_perm(c2, d, 0x0040), 0x5410);
     };
     if constexpr (is_4bit(F)) {  // first element in the high nibble
-      uint32_t pb[V / 2];  // byte 0: the pair's byte (no carry: the low nibbles are whole codes)
+      uint32_t pb[V / 2];  // byte 0: the pair's byte
 #pragma unroll
-      for (int j = 0; j < V; j += 2) pb[j / 2] = (c[j] << 4) + c[j + 1];
+      for (int j = 0; j < V; j += 2) pb[j / 2] = pair_byte(c[j], c[j + 1]);
       uint32_t w;
       if constexpr (V == 4) w = __byte_perm(pb[0], pb[1], 0x0040);
       else w = low_bytes(pb[0], pb[1], pb[2], pb[3]);
@@ -1066,7 +1147,7 @@ extern "C" int vk_quant_pointer_device(const void* p) {
 }
 
 extern "C" int vk_quant_table(int format, int what, void* out, int cap) {
-  if (!is_table(format) || what < 0 || what > 3 || (what == 3 && !is_4bit(format))) return -1;
+  if (!is_table(format) || what < 0 || what > 5 || ((what == 3 || what == 5) && !is_4bit(format))) return -1;
   const table_spec s = spec_of(format);
   float thr[256];
   for (int k = 0; k < s.slots; ++k) thr[k] = k < s.values - 1 ? threshold(format, k) : u2f(0x7f800000u);
@@ -1082,6 +1163,18 @@ extern "C" int vk_quant_table(int format, int what, void* out, int cap) {
   if (what == 3) {
     for (int d = 0; d < kDirectEntries && d < cap; ++d) make_direct(format, s, thr, d, static_cast<uint32_t*>(out) + 2 * d);
     return kDirectEntries;
+  }
+  if (what >= 4) {
+    const bool direct = what == 5;
+    const int count = direct ? kDirectEntries : s.buckets();
+    bool all_ok = true;
+    for (int b = 0; b < count; ++b) {
+      bool ok = true;
+      const uint32_t w = packed_entry(format, direct, thr, b, &ok);
+      if (b < cap) static_cast<uint32_t*>(out)[b] = w;
+      all_ok = all_ok && ok;
+    }
+    return all_ok ? count : -2;
   }
   bool all_ok = true;
   for (int b = 0; b < s.buckets() && b < cap; ++b) {

@@ -31,15 +31,18 @@ struct table_spec {
   VKQ_HDC int buckets() const { return 2 * per_sign(); }
 };
 
-// dynamic map: |v| <= 1, smallest threshold ~2.7e-7; nf4: |v| <= 1; fp4: |v| <= 6.
+// dynamic map: |v| <= 1, smallest threshold ~2.7e-7 (so bucket 0, below 2^-22, holds none); nf4:
+// |v| <= 1; fp4: |v| <= 6. The regular buckets split an octave by 7 mantissa bits for the dynamic
+// map and by 2 for the 4-bit formats, which leaves the 16 or 21 low bits that packed entries
+// compare (below).
 VKQ_HDC table_spec spec_of(int format) {
   switch (format) {
-    case VK_QUANT_INT8_DYNAMIC: return {256, 256, 107, 20, 6};
+    case VK_QUANT_INT8_DYNAMIC: return {256, 256, 105, 22, 7};
     case VK_QUANT_NF4: return {16, 16, 122, 5, 2};
     default: return {15, 16, 125, 5, 2};  // VK_QUANT_FP4
   }
 }
-constexpr int kMaxBuckets = 2 * ((20 << 6) + 2);  // the dynamic map's 2564
+constexpr int kMaxBuckets = 2 * ((22 << 7) + 2);  // the dynamic map's 5636
 
 // Bit casts usable in constant expressions (the encoders' tables are made at compile time too).
 VKQ_HDC uint32_t f2u(float f) { return __builtin_bit_cast(uint32_t, f); }
@@ -185,6 +188,68 @@ VKQ_HDC void make_direct(int format, const table_spec& s, const float* thr, int 
   const int last = s.values - 1;
   out[0] = f2u(thr[lo]);
   out[1] = code_of(format, lo) | (code_of(format, lo < last ? lo + 1 : last) << 8);
+}
+
+// Packed entries: the encoders' shared-memory tables keep an entry in one 32-bit word instead of
+// two, so that a warp's 32 lookups are one shared-memory wavefront, not two, and fall on half as
+// many bank pairs (fewer conflicts). The values a regular entry serves share every bit above
+// their low M (sign, exponent, top mantissa bits; M = 21 for the direct table and the 4-bit
+// bucket tables, 16 for the dynamic map's), and a threshold in that range shares them too, so
+// the comparison with it is one on the low M bits. The word holds ~T in its top M bits and two
+// codes below them: the one taken when low(v) > T at bit W (4 or 8), the other at bit 0. The
+// device finds low(v) > T as the carry out of (bits(v) << (32 - M)) + word (one instruction).
+// For a negative range the order of the low bits is that of the magnitudes (v > thr when
+// low(v) < low(thr)), so T and the codes' places are set to match. Ranges with no threshold (and
+// bucket 0, the last bucket and the direct table's infinities and NaNs, whose values do not
+// share their high bits) hold one code twice with ~T = 0, so that the carry never comes.
+// ok = false when such a range would need a comparison (the table would be wrong).
+VKQ_HDC int packed_low_bits(int format, bool direct) { return direct ? 21 : 23 - spec_of(format).mbits; }
+VKQ_HDC int packed_code_shift(int format) { return format == VK_QUANT_INT8_DYNAMIC ? 8 : 4; }
+VKQ_HDC uint32_t packed_entry(int format, bool direct, const float* thr, int b, bool* ok) {
+  const table_spec s = spec_of(format);
+  uint32_t e[2] = {0, 0};
+  int sign = 0;
+  bool regular = true;
+  uint32_t lo_bits = 0, hi_bits = 0;  // magnitude range served, inclusive (+inf also takes NaNs)
+  *ok = true;
+  if (direct) {
+    make_direct(format, s, thr, b, e);
+    sign = b >> 10;
+    lo_bits = static_cast<uint32_t>(b & 1023) << 21;
+    hi_bits = lo_bits + (1u << 21) - 1;
+    if (lo_bits >= 0x7f800000u) {
+      regular = false;
+      lo_bits = hi_bits = 0x7f800000u;
+    }
+  } else {
+    make_bucket(format, s, thr, b, e, ok);
+    sign = b >= s.per_sign();
+    const int t = b - sign * s.per_sign(), top = s.octaves << s.mbits;
+    if (t == 0) {
+      regular = false;
+      hi_bits = (static_cast<uint32_t>(s.e0) << 23) - 1;
+    } else if (t <= top) {
+      lo_bits = static_cast<uint32_t>((s.e0 << s.mbits) + t - 1) << (23 - s.mbits);
+      hi_bits = lo_bits + (1u << (23 - s.mbits)) - 1;
+    } else {
+      regular = false;
+      lo_bits = static_cast<uint32_t>(s.e0 + s.octaves) << 23;
+      hi_bits = 0x7f800000u;
+    }
+  }
+  const int M = packed_low_bits(format, direct), W = packed_code_shift(format);
+  const uint32_t mask = (1u << M) - 1, th = e[0], lo = e[1] & 0xffu, hi = (e[1] >> 8) & 0xffu;
+  const uint32_t sbit = sign ? 0x80000000u : 0u;
+  const float thf = u2f(th);
+  const uint32_t c_first = u2f(sbit | lo_bits) > thf ? hi : lo, c_last = u2f(sbit | hi_bits) > thf ? hi : lo;
+  if (!regular || (th & ~mask) != ((sbit | lo_bits) & ~mask)) {  // one code for the whole range
+    if (c_first != c_last || (hi_bits == 0x7f800000u && c_last != lo)) *ok = false;  // NaNs take lo
+    return (c_first << W) | c_first;
+  }
+  const uint32_t tl = th & mask;
+  if (!sign) return ((~tl & mask) << (32 - M)) | (hi << W) | lo;
+  if (tl == 0) return (lo << W) | lo;  // low(v) < 0 never: v <= thr throughout
+  return ((~(tl - 1) & mask) << (32 - M)) | (lo << W) | hi;
 }
 
 }  // namespace vramkit::quant

@@ -333,8 +333,8 @@ def test_kernel_library_tables_match():
         thr = np.zeros(256, np.float32)
         n = lib.vk_quant_table(f, 1, thr.ctypes.data, 256)
         assert np.array_equal(thr[:n].view(np.uint32), F.thresholds(name).view(np.uint32)), name
-        b = np.zeros((4096, 2), np.uint32)
-        n = lib.vk_quant_table(f, 2, b.ctypes.data, 4096)
+        b = np.zeros((8192, 2), np.uint32)
+        n = lib.vk_quant_table(f, 2, b.ctypes.data, 8192)
         t, lo, hi = F.bucket_table(name)
         assert n == t.size, (name, n)
         assert np.array_equal(b[:n, 0], t.view(np.uint32)) and np.array_equal(b[:n, 1], lo | (hi.astype(np.uint32) << 8))
@@ -374,6 +374,72 @@ def test_direct_table_lookup_equals_nearest_value(fmt):
     # and the reference's own encoder agrees on the finite values
     fin = np.isfinite(v)
     assert np.array_equal(got[fin], R.table_encode(v[fin], fmt))
+
+
+def _packed_lookup(words: np.ndarray, key: np.ndarray, v: np.ndarray, low_bits: int, shift: int,
+                   high: bool = False) -> np.ndarray:
+    """The encoders' lookup of a packed entry (quant_tables.cuh): the carry out of
+    (bits(v) << (32 - low_bits)) + word picks the code at bit `shift` or the one at bit 0; a
+    4-bit pair's first code comes out in bits 4-7 (high)."""
+    w = words[key].astype(np.uint64)
+    u = v.view(np.uint32).astype(np.uint64)
+    above = ((((u << np.uint64(32 - low_bits)) & np.uint64(0xFFFFFFFF)) + w) >> np.uint64(32)) != 0
+    if high:
+        return ((np.where(above, w, w << np.uint64(4)) >> np.uint64(4)) & np.uint64(0xF)).astype(np.uint8)
+    mask = np.uint64(0xF if shift == 4 else 0xFF)
+    return (np.where(above, w >> np.uint64(shift), w) & mask).astype(np.uint8)
+
+
+@pytest.mark.parametrize("fmt", ["int8_dynamic", "nf4", "fp4"])
+def test_packed_tables_give_the_nearest_value(fmt):
+    """The encoders' packed tables (one 32-bit word an entry, compared on the low bits a bucket's
+    values do not share) give the same code as the two-word tables and the nearest value: around
+    every threshold and every bucket or 2^21 edge, at random over many decades, and for +-0,
+    +-inf and NaNs of both signs. (All 2^32 bit patterns were compared when they were written.)"""
+    if not vq.kernels_available():
+        pytest.skip("vramkit was built without its CUDA kernels (no nvcc)")
+    from vramkit.quant._arrays import library
+    lib = library()
+    s = F.SPECS[fmt]
+    packed = np.zeros(8192, np.uint32)
+    n = lib.vk_quant_table(F.FORMATS[fmt], 4, packed.ctypes.data, 8192)
+    assert n == s.buckets, (fmt, n)
+    thr = F.thresholds(fmt)
+    edges = [(s.e0 << 23) if t == 0 else ((s.e0 << s.mbits) + t - 1) << (23 - s.mbits) for t in range(s.per_sign)]
+    edges += list(np.arange(2048, dtype=np.int64) << 21)  # the direct table's, infinities and NaNs too
+    ev = np.array(edges, np.int64)
+    fixed = np.array([0.0, 1.0, 6.0], np.float32).view(np.uint32).astype(np.int64)
+    centre = np.concatenate([thr.view(np.uint32).astype(np.int64), ev, fixed]) & 0x7FFFFFFF
+    centre = np.concatenate([centre, centre | 0x80000000])  # both signs
+    bits = centre[:, None] + np.arange(-8, 9, dtype=np.int64)
+    near = np.clip(bits, 0, 0xFFFFFFFF).astype(np.uint32).reshape(-1).view(np.float32)
+    rng = np.random.default_rng(17)
+    rand = np.concatenate([rng.uniform(-F.QMAX[fmt], F.QMAX[fmt], 200000),
+                           rng.standard_normal(200000) * 10.0 ** rng.integers(-30, 2, 200000)]).astype(np.float32)
+    nans = np.array([0x7FC00000, 0xFFC00000, 0x7F800001, 0xFF800001, 0x7FFFFFFF, 0xFFFFFFFF], np.uint32).view(np.float32)
+    v = np.concatenate([near, rand, np.array([np.inf, -np.inf], np.float32), nans])
+    idx = np.searchsorted(thr, v, side="left")
+    idx[np.isnan(v) & ~np.signbit(v)] = thr.size  # +NaN: the last value
+    idx[np.isnan(v) & np.signbit(v)] = 0          # -NaN: the first
+    want = F.code_of_index(fmt)[idx]
+    # the bucket table, indexed as bucket_of_float does (a NaN goes to its sign's last bucket)
+    u = v.view(np.uint32)
+    mag = ((u & np.uint32(0x7FFFFFFF)) >> np.uint32(23 - s.mbits)).astype(np.int64) - (s.e0 << s.mbits)
+    mag[np.isnan(v)] = s.octaves << s.mbits
+    key = (u >> np.uint32(31)).astype(np.int64) * s.per_sign + np.clip(mag, -1, s.octaves << s.mbits) + 1
+    shift = 8 if fmt == "int8_dynamic" else 4
+    low = 23 - s.mbits
+    tables = [(packed, key, low)]
+    if fmt != "int8_dynamic":
+        direct = np.zeros(2048, np.uint32)
+        assert lib.vk_quant_table(F.FORMATS[fmt], 5, direct.ctypes.data, 2048) == 2048
+        tables.append((direct, (u >> np.uint32(21)).astype(np.int64), 21))
+    for words, k, lb in tables:
+        for high in ((False, True) if shift == 4 else (False,)):
+            got = _packed_lookup(words, k, v, lb, shift, high)
+            bad = np.flatnonzero(got != want)
+            assert bad.size == 0, f"{fmt} ({words.size} entries, high={high}): {bad.size} differ, e.g. v={v[bad[:3]]} got {got[bad[:3]]} want {want[bad[:3]]}"
+    assert lib.vk_quant_table(F.FORMATS["int8_dynamic"], 5, packed.ctypes.data, 8192) == -1
 
 
 def test_kernel_library_refuses_bad_arguments():

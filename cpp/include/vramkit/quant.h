@@ -77,8 +77,10 @@ const char* vk_quant_last_error(void);
 /* The code tables as the host computes them with the device's arithmetic, for tests:
  * what = 0: the decoded value of each code (floats), 1: the sorted encode thresholds (floats),
  * 2: the bucket table (pairs of uint32: threshold bits, low code | high code << 8), 3: the
- * direct table of a 4-bit format (2048 such pairs, entry = a value's bits >> 21).
- * Returns the number of entries (at most cap are written), or -1 for a format without a table. */
+ * direct table of a 4-bit format (2048 such pairs, entry = a value's bits >> 21), 4 and 5: the
+ * bucket and direct tables as the encoders keep them, one packed uint32 an entry.
+ * Returns the number of entries (at most cap are written), -1 for a format without that table,
+ * -2 when an entry could not hold its range's codes (a table_spec too coarse). */
 int vk_quant_table(int format, int what, void* out, int cap);
 
 #ifdef __cplusplus
