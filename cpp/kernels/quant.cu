@@ -22,6 +22,7 @@
 #include <cfloat>
 #include <cstdint>
 #include <string>
+#include <type_traits>
 
 #include "quant_tables.cuh"
 
@@ -63,9 +64,6 @@ namespace {
 #endif
 #ifndef VK_QUANT_ENC_ONE_RECIP
 #define VK_QUANT_ENC_ONE_RECIP 1  // one reciprocal for a thread's rows when they lie in one block (0: one a row)
-#endif
-#ifndef VK_QUANT_ENC_PACKED
-#define VK_QUANT_ENC_PACKED 1  // the encoders' tables one 32-bit word an entry (quant_tables.cuh); 0: two words, a float comparison
 #endif
 constexpr int kThreads = 256;  // the scale compression
 constexpr int kDecThreads = VK_QUANT_DEC_THREADS;
@@ -175,11 +173,9 @@ __device__ __forceinline__ int bucket_of_float(const table_spec& s, float v) {
   return static_cast<int>(__float_as_uint(v) >> 31) * s.per_sign() + t;
 }
 
-#if VK_QUANT_ENC_PACKED
-using table_word = uint32_t;  // a packed entry (quant_tables.cuh)
-#else
-using table_word = uint2;  // {threshold bits, low code | high code << 16}
-#endif
+// An encoder's table entry: packed (one word, quant_tables.cuh) for the formats packed_for()
+// names, else {threshold bits, low code | high code << 16}.
+template <int F> using table_word = std::conditional_t<packed_for(F), uint32_t, uint2>;
 
 // Whether a packed entry's comparison holds (low M bits of v's bits above its T, S = 32 - M): the
 // carry out of (u << S) + w, which the compiler makes one shift-and-add with a carry predicate.
@@ -197,53 +193,55 @@ __device__ __forceinline__ bool packed_above(uint32_t u, uint32_t w) {
 // in bits 0-3 (HIGH = false) or 4-7 (HIGH: the first element of a pair, its byte's high nibble),
 // and the pair's byte is one bitwise select (pair_byte); those of the dynamic map in the low byte.
 template <int F, bool HIGH>
-__device__ __forceinline__ uint32_t code_from(table_word b, float v) {
-#if VK_QUANT_ENC_PACKED
-  constexpr int S = 32 - packed_low_bits(F, F != VK_QUANT_INT8_DYNAMIC), W = packed_code_shift(F);
-  const bool above = packed_above<S>(__float_as_uint(v), b);
-  if constexpr (W == 4 && HIGH) return above ? b : b << 4;
-  else return above ? b >> W : b;
-#else
-  return v > __uint_as_float(b.x) ? b.y >> 16 : b.y;
-#endif
+__device__ __forceinline__ uint32_t code_from(table_word<F> b, float v) {
+  if constexpr (packed_for(F)) {
+    constexpr int S = 32 - packed_low_bits(F, F != VK_QUANT_INT8_DYNAMIC), W = packed_code_shift(F);
+    static_assert(S >= 2 * W, "a packed entry's two codes fit below its threshold bits");
+    const bool above = packed_above<S>(__float_as_uint(v), b);
+    if constexpr (W == 4 && HIGH) return above ? b : b << 4;
+    else return above ? b >> W : b;
+  } else {
+    return v > __uint_as_float(b.x) ? b.y >> 16 : b.y;
+  }
 }
 static_assert(packed_low_bits(VK_QUANT_NF4, false) == 21 && packed_low_bits(VK_QUANT_FP4, false) == 21 &&
-                  packed_low_bits(VK_QUANT_NF4, true) == 21 && packed_low_bits(VK_QUANT_INT8_DYNAMIC, false) == 16,
+                  packed_low_bits(VK_QUANT_NF4, true) == 21,
               "the 4-bit formats' bucket and direct tables compare the same low bits");
 
 // A 4-bit pair's byte (byte 0; the bits above it are not the pair's) from its two codes.
+template <int F>
 __device__ __forceinline__ uint32_t pair_byte(uint32_t first, uint32_t second) {
-#if VK_QUANT_ENC_PACKED
-  uint32_t r;  // (first & 0xf0) | (second & 0x0f): one three-input bitwise operation
-  asm("lop3.b32 %0, %1, 0xf0, %2, 0xe2;" : "=r"(r) : "r"(first), "r"(second));
-  return r;
-#else
-  return (first << 4) + second;  // no carry: the low nibbles are whole codes
-#endif
+  if constexpr (packed_for(F)) {
+    uint32_t r;  // (first & 0xf0) | (second & 0x0f): one three-input bitwise operation
+    asm("lop3.b32 %0, %1, 0xf0, %2, 0xe2;" : "=r"(r) : "r"(first), "r"(second));
+    return r;
+  } else {
+    return (first << 4) + second;  // no carry: the low nibbles are whole codes
+  }
 }
 
 template <int F, bool HIGH = false>
-__device__ __forceinline__ uint32_t enc_table(const table_spec& s, const table_word* bucket, float v) {
+__device__ __forceinline__ uint32_t enc_table(const table_spec& s, const table_word<F>* bucket, float v) {
   return code_from<F, HIGH>(bucket[bucket_of_float(s, v)], v);
 }
 
 // The same code from the direct table of a 4-bit format (index: the value's top 11 bits).
 template <int F, bool HIGH = false>
-__device__ __forceinline__ uint32_t enc_direct(const table_word* direct, float v) {
+__device__ __forceinline__ uint32_t enc_direct(const table_word<F>* direct, float v) {
   return code_from<F, HIGH>(direct[__float_as_uint(v) >> 21], v);
 }
 
 // DIRECT (4-bit formats): the 2048-entry direct table instead of the bucket table.
 template <int F, bool DIRECT> struct alignas(16) shared_tables {
   static constexpr int kBuckets = !is_table(F) ? 1 : DIRECT ? kDirectEntries : spec_of(F).buckets();
-  table_word bucket[kBuckets];
+  table_word<F> bucket[kBuckets];
   float thr[is_table(F) && !VK_QUANT_ENC_CONST_TABLES ? spec_of(F).slots : 1];  // only to build the buckets
 };
 
 // A table entry as the shared-memory tables keep it: one packed word, or {threshold bits, low
 // code | high code << 16}.
 VKQ_HDC void table_entry(int format, bool direct, const float* thr, int b, uint32_t* out) {
-  if (VK_QUANT_ENC_PACKED) {
+  if (packed_for(format)) {
     bool ok = true;
     out[0] = packed_entry(format, direct, thr, b, &ok);
     return;
@@ -264,7 +262,7 @@ VKQ_HDC void table_entry(int format, bool direct, const float* thr, int b, uint3
 // format's table into shared memory instead of computing it, as the decoders do with their values.
 template <int F, bool DIRECT> struct const_table {
   static constexpr int kBuckets = shared_tables<F, DIRECT>::kBuckets;
-  static constexpr int kWords = kBuckets * static_cast<int>(sizeof(table_word) / 4);
+  static constexpr int kWords = kBuckets * static_cast<int>(sizeof(table_word<F>) / 4);
   static_assert(kWords % 4 == 0, "copied 16 bytes at a time");
   alignas(16) uint32_t w[kWords];
 };
@@ -273,7 +271,7 @@ template <int F, bool DIRECT> constexpr const_table<F, DIRECT> make_const_table(
   float thr[s.slots] = {};
   for (int k = 0; k < s.slots; ++k) thr[k] = k < s.values - 1 ? threshold(F, k) : u2f(0x7f800000u);
   const_table<F, DIRECT> t{};
-  constexpr int words = static_cast<int>(sizeof(table_word) / 4);
+  constexpr int words = static_cast<int>(sizeof(table_word<F>) / 4);
   for (int b = 0; b < const_table<F, DIRECT>::kBuckets; ++b) table_entry(F, DIRECT, thr, b, t.w + words * b);
   return t;
 }
@@ -288,10 +286,10 @@ template <int F> constexpr bool buckets_hold_one_threshold() {
     bool ok = true;
     make_bucket(F, s, thr, b, e, &ok);
     if (!ok) return false;
-    packed_entry(F, false, thr, b, &ok);
+    if (packed_for(F)) packed_entry(F, false, thr, b, &ok);
     if (!ok) return false;
   }
-  if constexpr (is_4bit(F)) {
+  if constexpr (is_4bit(F) && packed_for(F)) {
     for (int d = 0; d < kDirectEntries; ++d) {
       bool ok = true;
       packed_entry(F, true, thr, d, &ok);
@@ -331,11 +329,8 @@ __device__ void build_tables(shared_tables<F, DIRECT>& t) {
     for (int b = threadIdx.x; b < shared_tables<F, DIRECT>::kBuckets; b += blockDim.x) {
       uint32_t e[2];
       table_entry(F, DIRECT, t.thr, b, e);
-#if VK_QUANT_ENC_PACKED
-      t.bucket[b] = e[0];
-#else
-      t.bucket[b] = make_uint2(e[0], e[1]);
-#endif
+      if constexpr (packed_for(F)) t.bucket[b] = e[0];
+      else t.bucket[b] = make_uint2(e[0], e[1]);
     }
 #endif
     __syncthreads();
@@ -417,14 +412,16 @@ __device__ __forceinline__ void encode_tile(float (&v)[TILE / (NT * elem<T>::V)]
   // ones at the default tile); one a row otherwise. CONTIG, whole tiles: the rows' code words are
   // kept for one store.
   constexpr bool JOIN = CONTIG && FULL && VEC;
-  float inv[R];
-  if (CONTIG || (VK_QUANT_ENC_ONE_RECIP && R > 1 && G >= 32 * R)) {
-    const float one = reciprocal(m[0]);
+  float inv_rows[R];  // R == 1: computed in the row's turn, as it always was
+  if constexpr (R > 1) {
+    if (CONTIG || (VK_QUANT_ENC_ONE_RECIP && G >= 32 * R)) {
+      const float one = reciprocal(m[0]);
 #pragma unroll
-    for (int r = 0; r < R; ++r) inv[r] = one;
-  } else {
+      for (int r = 0; r < R; ++r) inv_rows[r] = one;
+    } else {
 #pragma unroll
-    for (int r = 0; r < R; ++r) inv[r] = reciprocal(m[r]);
+      for (int r = 0; r < R; ++r) inv_rows[r] = reciprocal(m[r]);
+    }
   }
   uint32_t kept[R][2];
 #pragma unroll
@@ -433,21 +430,22 @@ __device__ __forceinline__ void encode_tile(float (&v)[TILE / (NT * elem<T>::V)]
     const int64_t e = base + static_cast<int64_t>(vi) * V;
     if (!FULL && e >= n) continue;
     if ((CONTIG ? r == 0 : true) && (vi & (G - 1)) == 0) absmax[e >> log2b] = m[r];
+    const float inv = R > 1 ? inv_rows[r] : reciprocal(m[r]);
     uint32_t c[V];
     if constexpr (F == VK_QUANT_INT8) {
 #pragma unroll
-      for (int j = 0; j < V; ++j) c[j] = enc_int8(v[r][j], inv[r]);
+      for (int j = 0; j < V; ++j) c[j] = enc_int8(v[r][j], inv);
     } else if constexpr (F == VK_QUANT_FP8_E4M3 || F == VK_QUANT_FP8_E5M2) {
 #pragma unroll
       for (int j = 0; j < V; j += 2) {
-        const uint32_t p = enc_fp8x2<F>(__fmul_rn(v[r][j], inv[r]), __fmul_rn(v[r][j + 1], inv[r]));
+        const uint32_t p = enc_fp8x2<F>(__fmul_rn(v[r][j], inv), __fmul_rn(v[r][j + 1], inv));
         c[j] = p;  // the low byte is element j's (packing takes low bytes only)
         c[j + 1] = p >> 8;
       }
     } else {
 #pragma unroll
       for (int j = 0; j < V; ++j) {
-        const float q = __fmul_rn(v[r][j], inv[r]);
+        const float q = __fmul_rn(v[r][j], inv);
         if (is_4bit(F) && j % 2 == 0)  // the first of a pair: its byte's high nibble
           c[j] = DIRECT ? enc_direct<F, true>(tables.bucket, q) : enc_table<F, true>(spec, tables.bucket, q);
         else
@@ -463,7 +461,7 @@ __device__ __forceinline__ void encode_tile(float (&v)[TILE / (NT * elem<T>::V)]
     if constexpr (is_4bit(F)) {  // first element in the high nibble
       uint32_t pb[V / 2];  // byte 0: the pair's byte
 #pragma unroll
-      for (int j = 0; j < V; j += 2) pb[j / 2] = pair_byte(c[j], c[j + 1]);
+      for (int j = 0; j < V; j += 2) pb[j / 2] = pair_byte<F>(c[j], c[j + 1]);
       uint32_t w;
       if constexpr (V == 4) w = __byte_perm(pb[0], pb[1], 0x0040);
       else w = low_bytes(pb[0], pb[1], pb[2], pb[3]);

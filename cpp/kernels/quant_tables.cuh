@@ -19,7 +19,21 @@
 #define VKQ_HDC constexpr
 #endif
 
+// Which table formats' encoders keep packed entries (one 32-bit word, below): 1 (the default) the
+// 4-bit formats, 2 the dynamic map too (with the finer buckets its packing needs), 0 none.
+// Packed entries halve the shared-memory words a warp's lookups read, for the same instructions:
+// the 4-bit encoders +8 to 10 % at the H100's base clock (ncu), even at its boost clock; the dynamic
+// map's +10 % at the base clock but 4 points slower at the boost clock (docs/BENCHMARKS.md section 9).
+#ifndef VK_QUANT_ENC_PACKED
+#define VK_QUANT_ENC_PACKED 1
+#endif
+
 namespace vramkit::quant {
+
+VKQ_HDC bool packed_for(int format) {
+  return VK_QUANT_ENC_PACKED == 2 ? format == VK_QUANT_INT8_DYNAMIC || format == VK_QUANT_NF4 || format == VK_QUANT_FP4
+                                  : VK_QUANT_ENC_PACKED == 1 && (format == VK_QUANT_NF4 || format == VK_QUANT_FP4);
+}
 
 struct table_spec {
   int values;    // K: sorted distinct values (and K-1 thresholds)
@@ -31,18 +45,19 @@ struct table_spec {
   VKQ_HDC int buckets() const { return 2 * per_sign(); }
 };
 
-// dynamic map: |v| <= 1, smallest threshold ~2.7e-7 (so bucket 0, below 2^-22, holds none); nf4:
-// |v| <= 1; fp4: |v| <= 6. The regular buckets split an octave by 7 mantissa bits for the dynamic
-// map and by 2 for the 4-bit formats, which leaves the 16 or 21 low bits that packed entries
-// compare (below).
+// dynamic map: |v| <= 1, smallest threshold ~2.7e-7; nf4: |v| <= 1; fp4: |v| <= 6. The 4-bit
+// formats' regular buckets split an octave by 2 mantissa bits, which leaves the 21 low bits that
+// packed entries compare (below); the dynamic map's packed entries need 7 bits (16 low bits for
+// ~T, 16 for its two 8-bit codes) and a bucket 0 with no threshold (below 2^-22).
 VKQ_HDC table_spec spec_of(int format) {
   switch (format) {
-    case VK_QUANT_INT8_DYNAMIC: return {256, 256, 105, 22, 7};
+    case VK_QUANT_INT8_DYNAMIC:  // 7 mantissa bits from 2^-22 up when packed, 6 from 2^-20 up otherwise
+      return VK_QUANT_ENC_PACKED == 2 ? table_spec{256, 256, 105, 22, 7} : table_spec{256, 256, 107, 20, 6};
     case VK_QUANT_NF4: return {16, 16, 122, 5, 2};
     default: return {15, 16, 125, 5, 2};  // VK_QUANT_FP4
   }
 }
-constexpr int kMaxBuckets = 2 * ((22 << 7) + 2);  // the dynamic map's 5636
+constexpr int kMaxBuckets = 2 * ((22 << 7) + 2);  // the dynamic map's packed spec: 5636
 
 // Bit casts usable in constant expressions (the encoders' tables are made at compile time too).
 VKQ_HDC uint32_t f2u(float f) { return __builtin_bit_cast(uint32_t, f); }
@@ -238,6 +253,7 @@ VKQ_HDC uint32_t packed_entry(int format, bool direct, const float* thr, int b, 
     }
   }
   const int M = packed_low_bits(format, direct), W = packed_code_shift(format);
+  if (32 - M < 2 * W) *ok = false;  // the two codes would not fit below ~T (the dynamic map's 6-bit spec)
   const uint32_t mask = (1u << M) - 1, th = e[0], lo = e[1] & 0xffu, hi = (e[1] >> 8) & 0xffu;
   const uint32_t sbit = sign ? 0x80000000u : 0u;
   const float thf = u2f(th);

@@ -393,7 +393,8 @@ def _packed_lookup(words: np.ndarray, key: np.ndarray, v: np.ndarray, low_bits: 
 @pytest.mark.parametrize("fmt", ["int8_dynamic", "nf4", "fp4"])
 def test_packed_tables_give_the_nearest_value(fmt):
     """The encoders' packed tables (one 32-bit word an entry, compared on the low bits a bucket's
-    values do not share) give the same code as the two-word tables and the nearest value: around
+    values do not share; the 4-bit formats', and the dynamic map's in builds with
+    -DVK_QUANT_ENC_PACKED=2) give the same code as the two-word tables and the nearest value: around
     every threshold and every bucket or 2^21 edge, at random over many decades, and for +-0,
     +-inf and NaNs of both signs. (All 2^32 bit patterns were compared when they were written.)"""
     if not vq.kernels_available():
@@ -403,6 +404,11 @@ def test_packed_tables_give_the_nearest_value(fmt):
     s = F.SPECS[fmt]
     packed = np.zeros(8192, np.uint32)
     n = lib.vk_quant_table(F.FORMATS[fmt], 4, packed.ctypes.data, 8192)
+    if fmt == "int8_dynamic" and s.mbits < 7:
+        # this build keeps the dynamic map's two-word entries: its 6-bit buckets leave 17 low bits,
+        # too many for ~T and two 8-bit codes in one word, and the table says so
+        assert n == -2, n
+        return
     assert n == s.buckets, (fmt, n)
     thr = F.thresholds(fmt)
     edges = [(s.e0 << 23) if t == 0 else ((s.e0 << s.mbits) + t - 1) << (23 - s.mbits) for t in range(s.per_sign)]

@@ -55,7 +55,7 @@ class TableSpec:
         return 2 * self.per_sign
 
 
-SPECS = {"int8_dynamic": TableSpec(256, 256, 105, 22, 7), "nf4": TableSpec(16, 16, 122, 5, 2),
+SPECS = {"int8_dynamic": TableSpec(256, 256, 107, 20, 6), "nf4": TableSpec(16, 16, 122, 5, 2),
          "fp4": TableSpec(15, 16, 125, 5, 2)}
 
 # NormalFloat4 (QLoRA, as bitsandbytes lists it): normal quantiles scaled to [-1, 1].
