@@ -22,8 +22,9 @@
 // Which table formats' encoders keep packed entries (one 32-bit word, below): 1 (the default) the
 // 4-bit formats, 2 the dynamic map too (with the finer buckets its packing needs), 0 none.
 // Packed entries halve the shared-memory words a warp's lookups read, for the same instructions:
-// the 4-bit encoders +8 to 10 % at the H100's base clock (ncu), even at its boost clock; the dynamic
-// map's +10 % at the base clock but 4 points slower at the boost clock (docs/BENCHMARKS.md section 9).
+// on an H100 the 4-bit encoders ran 10 % faster at the base clock (ncu) and level with two-word
+// entries at the boost clock; the dynamic map's 10 % faster at the base clock but 3-5 points slower
+// at the boost clock (docs/BENCHMARKS.md section 9).
 #ifndef VK_QUANT_ENC_PACKED
 #define VK_QUANT_ENC_PACKED 1
 #endif
