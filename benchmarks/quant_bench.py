@@ -57,6 +57,11 @@ def copy_bandwidth(torch, nbytes: int, iters: int) -> float:
     return 2 * nbytes / ms / 1e6
 
 
+def launch_tag(tile, grid, table, cap):
+    """A launch shape's suffix to a row's kind: @TILE/GRID/TABLE, and /CAP blocks when capped."""
+    return f"@{tile}/{grid}/{table}" + (f"/{cap}" if cap not in ("", "0") else "")
+
+
 def kernel_rows(torch, lib, check, sizes_mib, iters, rows, tag="", sweep=True):
     from vramkit.quant._formats import DEFAULT_BLOCK, DTYPES, FORMATS, FOUR_BIT
     stream = torch.cuda.current_stream().cuda_stream
@@ -257,18 +262,24 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--no-model", action="store_true")
     ap.add_argument("--launch", default="", help="also time the kernels under these launch shapes, comma-separated "
-                    "TILE:GRID[:TABLE] with TILE 4096 or 8192, GRID auto, persistent or tiles, TABLE auto, buckets or direct "
-                    "(vramkit.quant.set_launch)")
+                    "TILE:GRID[:TABLE[:MAX_BLOCKS]] with TILE 4096 or 8192, GRID auto, persistent or tiles, TABLE auto, "
+                    "buckets or direct, MAX_BLOCKS a cap on a persistent grid's thread blocks, N or NxSM (N a "
+                    "multiprocessor) (vramkit.quant.set_launch)")
     args = ap.parse_args()
     launches = []
     for item in filter(None, args.launch.split(",")):
         parts = item.split(":")
         if len(parts) == 2:
             parts.append("auto")
-        if len(parts) != 3 or not parts[0].isdigit() or parts[1] not in ("auto", "persistent", "tiles") \
-                or parts[2] not in ("auto", "buckets", "direct"):
-            ap.error(f"--launch: {item!r} is not TILE:GRID[:TABLE] (e.g. 8192:tiles or 4096:persistent:buckets)")
-        launches.append((int(parts[0]), parts[1], parts[2]))
+        if len(parts) == 3:
+            parts.append("0")
+        cap = parts[3] if len(parts) == 4 else ""
+        if len(parts) != 4 or not parts[0].isdigit() or parts[1] not in ("auto", "persistent", "tiles") \
+                or parts[2] not in ("auto", "buckets", "direct") \
+                or not (cap.isdigit() or (cap.upper().endswith("XSM") and cap[:-3].isdigit())):
+            ap.error(f"--launch: {item!r} is not TILE:GRID[:TABLE[:MAX_BLOCKS]] "
+                     "(e.g. 8192:tiles, 4096:persistent:buckets or 4096:auto:auto:3xSM)")
+        launches.append((int(parts[0]), parts[1], parts[2], cap))
     import torch
 
     import vramkit.quant as vq
@@ -285,9 +296,11 @@ def main() -> int:
         res["copy_gbps"][s] = copy_bandwidth(torch, s * MiB, args.iters)
     kernel_rows(torch, lib, check, sizes, args.iters, res["rows"])
     try:
-        for tile, grid, table in launches:
-            vq.set_launch(tile, grid, table)
-            kernel_rows(torch, lib, check, sizes, args.iters, res["rows"], tag=f"@{tile}/{grid}/{table}", sweep=False)
+        for tile, grid, table, cap in launches:
+            blocks = int(cap[:-3]) * props.multi_processor_count if cap.upper().endswith("XSM") else int(cap)
+            vq.set_launch(tile, grid, table, blocks)
+            kernel_rows(torch, lib, check, sizes, args.iters, res["rows"], tag=launch_tag(tile, grid, table, cap),
+                        sweep=False)
     finally:
         vq.set_launch()
     res["ceilings_gbps"] = ceiling_rows(torch, lib, check, res["rows"], args.iters)
@@ -337,7 +350,7 @@ def main() -> int:
     for note in res["notes"]:
         print("note:", note)
     if launches:
-        shapes = ["kernel"] + [f"kernel@{t}/{g}/{c}" for t, g, c in launches]
+        shapes = ["kernel"] + ["kernel" + launch_tag(*launch) for launch in launches]
         by = {(r["kind"], r["op"], r["format"], r["dtype"], r["size_mib"]): r["pct_copy"] for r in res["rows"]}
         print("\n% of copy bandwidth by launch shape (\"kernel\" is the default: 4096/auto/auto):")
         ceil = {(r["op"], r["format"], r["dtype"], r["size_mib"]): r.get("ceiling_pct_copy", float("nan"))
