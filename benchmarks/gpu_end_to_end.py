@@ -457,6 +457,10 @@ def main(argv=None) -> int:
             if r.get("cold_ms") and r.get("warm_ms"):
                 line += f"   (steps: cold {r['cold_ms']:.0f} ms, warm {r['warm_ms']:.1f} ms)"
             print(line)
+    steps = report.steps_text(doc["summary"])
+    if steps:  # a steady lead smaller than the runs' spread shows here
+        print("\neach warm step against PyTorch default's (medians over the repeats of each step): the median "
+              "ratio, and the steps faster than PyTorch default's\n" + steps)
     profiled = report.profile_text(doc["summary"])
     if profiled:
         print(f"\nstep {a.profile_step} once more under torch.profiler (after the timed steps; medians over the "

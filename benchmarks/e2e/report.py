@@ -53,6 +53,40 @@ def step_minimum(good: list[dict]) -> tuple[float | None, float | None]:
     return statistics.median(mins), sum(mins)
 
 
+def step_medians(good: list[dict]) -> list[float]:
+    """Over the repeats of one (workload, allocator): each step's median time, for the steps
+    every repeat has (the steps of a workload have the same shapes in every run)."""
+    series = [r["step_ms"] for r in good if isinstance(r.get("step_ms"), list) and r["step_ms"]]
+    if not series:
+        return []
+    return [statistics.median(t[i] for t in series) for i in range(min(len(t) for t in series))]
+
+
+def step_ratios(own: list[float], base: list[float], warmup: int) -> tuple[float | None, int, int]:
+    """Step by step, own's median time over base's (``step_medians`` of each) after the warm-up:
+    the median of those ratios, how many steps own was faster in, and how many were compared.
+    Where two allocators differ by less than the runs' spread, a steady lead of one shows here
+    as a count near all or none of the steps, which medians of whole runs do not show."""
+    n = min(len(own), len(base))
+    ratios = [own[i] / base[i] for i in range(max(warmup, 0), n) if base[i] > 0]
+    if not ratios:
+        return None, 0, 0
+    return statistics.median(ratios), sum(1 for x in ratios if x < 1.0), len(ratios)
+
+
+def steps_text(rows: list[dict]) -> str:
+    """One line per (workload, allocator) but PyTorch default: each warm step's median time over
+    PyTorch default's, the median of those ratios and the steps it was faster in; "" when no row
+    has the figures."""
+    lines = []
+    for r in rows:
+        if r.get("steps_vs_default") is None:
+            continue
+        lines.append(f"  {r['workload']:10s} {r['allocator']:30s} {r['steps_vs_default']:.3f}   "
+                     f"faster in {r['steps_faster_than_default']} of {r['steps_compared']}")
+    return "\n".join(lines)
+
+
 def ratio_interval(own: list[float], baselines: list[list[float]], level: float = CI_LEVEL,
                    resamples: int = CI_RESAMPLES, seed: int = 0) -> tuple[float, float] | None:
     """A bootstrap interval for median(own) / min(median of each baseline): each resample draws
@@ -155,8 +189,15 @@ def summarize(runs: list[dict], workloads: list[str], allocators: list[str]) -> 
             row["page_calls_warm_ms"] = _median_or_none([c[1] for c in calls])
             for k in PROFILE_KEYS:  # --profile-step: the extra step under torch.profiler
                 row["profile_" + k] = _median_or_none([(r.get("profile") or {}).get(k) for r in good])
+            row["_steps"] = step_medians(good)
+            row["_warmup"] = int(good[0].get("warmup", 0) or 0) if good else 0
             group[a] = row
             rows.append(row)
+        base_steps = group["default"]["_steps"] if "default" in group else []
+        for a, row in group.items():
+            own, warmup = row.pop("_steps"), row.pop("_warmup")
+            ratio, faster, n = step_ratios(own, base_steps, warmup) if a != "default" else (None, 0, 0)
+            row["steps_vs_default"], row["steps_faster_than_default"], row["steps_compared"] = ratio, faster, n
         warm = {a: [r["warm_ms"] for r in runs if r.get("workload") == w and r.get("allocator") == a and ok(r)]
                 for a in group}
         for a, row in group.items():

@@ -309,6 +309,34 @@ def test_step_minimum_takes_each_steps_fastest_repeat():
     assert line.endswith("| 1.000 | 1.500 |"), line
 
 
+def test_steps_against_pytorch_default_show_a_steady_lead():
+    """Each warm step's median over the repeats against PyTorch default's: the median ratio and
+    the steps faster; a lead in every step shows though the runs' medians overlap."""
+    def run(a, steps, rep):
+        return {"workload": "s", "allocator": a, "repeat": rep, "warmup": 1, "step_ms": steps, "cold_ms": steps[0],
+                "warm_ms": sorted(steps[1:])[len(steps[1:]) // 2], "peak_allocated": 1, "peak_reserved": 1,
+                "nvml_peak": 1, "values": [], "digest": []}
+    runs = [run("default", [50, 10, 20, 40], 0), run("default", [50, 12, 22, 44], 1), run("default", [50, 14, 24, 48], 2),
+            run("expandable", [90, 9.5, 19, 38], 0), run("expandable", [90, 13, 23, 46], 1),
+            run("vramkit", [60, 12, 22, 40], 0), run("vramkit", [60, 12, 22, 50], 1), run("vramkit", [60, 12, 22, 60], 2)]
+    rows = {r["allocator"]: r for r in report.summarize(runs, ["s"], ["default", "expandable", "vramkit"])}
+    d, e, v = rows["default"], rows["expandable"], rows["vramkit"]
+    assert d["steps_vs_default"] is None and d["steps_compared"] == 0
+    # expandable: step medians 11.25, 21, 42 against 12, 22, 44
+    assert e["steps_vs_default"] == pytest.approx(21 / 22)
+    assert (e["steps_faster_than_default"], e["steps_compared"]) == (3, 3)
+    # vramkit: 12, 22, 50 against 12, 22, 44: no step faster, the cold step left out
+    assert v["steps_vs_default"] == pytest.approx(1.0)
+    assert (v["steps_faster_than_default"], v["steps_compared"]) == (0, 3)
+    lines = report.steps_text(list(rows.values())).splitlines()
+    assert [x.split() for x in lines] == [["s", "expandable", "0.955", "faster", "in", "3", "of", "3"],
+                                          ["s", "vramkit", "1.000", "faster", "in", "0", "of", "3"]]
+    assert report.step_medians([]) == [] and report.step_ratios([], [1.0], 0) == (None, 0, 0)
+    # without PyTorch default in the run there is nothing to compare with
+    alone = report.summarize([r for r in runs if r["allocator"] != "default"], ["s"], ["expandable", "vramkit"])
+    assert all(r["steps_vs_default"] is None for r in alone) and report.steps_text(alone) == ""
+
+
 def test_checksum_verdicts():
     same = [_run("a", x, 1, 1, 1, rep=r) for x in ("default", "vramkit") for r in (0, 1)]
     assert report.compare_checksums(same, ["a"])["a"]["verdict"] == "equal"
