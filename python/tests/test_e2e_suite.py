@@ -394,3 +394,36 @@ def test_torch_alloc_cost_plan_errors_and_table():
     assert rows[2].split("|")[1:-1] == [" default ", " 3.00 ", " 3.00 ", " 4.00 ", " 1.00 ", " 1.00 ", " 1.00 "]
     assert rows[3].split("|")[1:-1] == [" vramkit ", " 6.00 ", " 3.00 ", " 2.00 ", " 2.00 ", " 1.00 ", " 0.50 "]
     assert "/ default" not in tac.table({"vramkit": res["vramkit"]}, ["vramkit"])
+
+
+def test_decode_trace_is_a_valid_generation_loop():
+    """benchmarks/decode_trace.py: every allocation freed once, after it was made; the caches grow
+    a token at a time; the same seed gives the same lines; bad arguments fail."""
+    import decode_trace
+    ops = decode_trace.ops(steps=2, seed=3)
+    assert ops == decode_trace.ops(steps=2, seed=3) and ops != decode_trace.ops(steps=2, seed=4)
+    live = {}
+    for op, i, size, stream in ops:
+        assert stream == 0
+        if op == 0:
+            assert i not in live and size > 0
+            live[i] = size
+        else:
+            assert op == 1 and i in live
+            del live[i]
+    assert not live
+    # the first step's draws: keys and values of every layer made anew at each length prompt+1..prompt+new
+    import random
+    from collections import Counter
+    rng = random.Random(3)
+    batch, prompt, new = rng.randint(8, 64), rng.randint(64, 1024), rng.randint(16, 32)
+    per_token = batch * decode_trace.KV_HEADS * decode_trace.HEAD_DIM * decode_trace.BF16
+    made = Counter(s for o, _, s, _ in ops if o == 0)
+    assert all(made[per_token * (prompt + t)] >= 2 * decode_trace.LAYERS for t in range(1, new + 1))
+    assert made[per_token * (prompt + new + 1)] == 0 or new == 32  # (the second step may draw it)
+    out = subprocess.run([sys.executable, os.path.join(BENCH, "decode_trace.py"), "--steps", "1"],
+                         capture_output=True, text=True, check=True).stdout.splitlines()
+    assert len(out) == len(decode_trace.ops(steps=1)) and out[0].split()[0] == "0"
+    bad = subprocess.run([sys.executable, os.path.join(BENCH, "decode_trace.py"), "--steps", "0"],
+                         capture_output=True, text=True)
+    assert bad.returncode == 2 and "--steps must be at least 1" in bad.stderr
