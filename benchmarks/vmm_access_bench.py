@@ -20,7 +20,17 @@ tokens), a scatter-add of random rows (``index_add_``), and a gather of random 2
 (``take``: the worst case for address translation). Each is timed with CUDA events, the memories
 interleaved round by round; the table prints the median over rounds and the ratio to cudaMalloc.
 
-    python3 benchmarks/vmm_access_bench.py [--gib 4] [--rounds 15] [--json out.json]
+The second table asks the host-side question (``--host-ops``, 0 for none): what the host spends
+submitting small operations over each memory, the GPU kept ahead of it. Each memory gets 256
+views of 1 KiB, one every 2 MiB (each in a driver handle of its own where pages are 2 MiB), and
+the host times, without waiting for the GPU, ``--host-ops`` launches of an in-place add over them
+in turn and as many device-to-device copies between them (``copy_``, a cudaMemcpyAsync); us per
+operation, median over rounds. A host-bound generation loop ran 3-4 % slower under the paged pool
+than under the same pool over cudaMalloc with no page call in its steps (docs/BENCHMARKS.md
+section 5): if the driver's handling of launches or copies grows with the handles mapped, it
+shows here.
+
+    python3 benchmarks/vmm_access_bench.py [--gib 4] [--rounds 15] [--host-ops 20000] [--json out.json]
 """
 from __future__ import annotations
 
@@ -36,9 +46,15 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=15, help="rounds; each times every kernel on every memory")
     ap.add_argument("--json", default="", help="also write the results here")
     ap.add_argument("--chunks", default="16MiB,64MiB", help="chunk sizes to run the pool with (comma list; '' for none)")
+    ap.add_argument("--host-ops", type=int, default=20000,
+                    help="small operations a round for the host-side table (0: no such table; default 20000)")
     a = ap.parse_args(argv)
     if a.gib <= 0 or a.rounds < 1:
         ap.error("--gib must be > 0 and --rounds >= 1")
+    if a.host_ops < 0:
+        ap.error("--host-ops must be >= 0")
+    if int(a.gib * (1 << 30)) < (2 << 20):
+        ap.error("--gib must be at least one 2 MiB page (0.002)")
     try:
         import torch
     except ImportError:
@@ -116,12 +132,65 @@ def main(argv=None) -> int:
             res["ms"][f"{k} / {m}"] = med
             cells.append(f"{med:.3f}" + ("" if m == "cudaMalloc" else f" ({med / base:.3f}x)"))
         print(f"| {k} | {' | '.join(cells)} |")
+    if a.host_ops:
+        res["host_us"] = host_table(torch, memories, a.rounds, a.host_ops)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
     del memories
     keep.clear()
     return 0
+
+
+HOST_VIEWS = 256        # views a memory, one every HOST_STRIDE bytes
+HOST_STRIDE = 2 << 20   # a 2 MiB page apart: a handle each under 2 MiB pages
+HOST_VIEW_BYTES = 1024
+
+
+def host_views(t, views: int = HOST_VIEWS, stride: int = HOST_STRIDE, nbytes: int = HOST_VIEW_BYTES) -> list:
+    """Views of ``nbytes`` at every ``stride`` bytes of the flat fp16 tensor ``t``, as many as fit up
+    to ``views``."""
+    flat = t.view(-1)
+    step, n = stride // flat.element_size(), nbytes // flat.element_size()
+    count = min(views, max(0, (flat.numel() - n) // step + 1))
+    return [flat[i * step:i * step + n] for i in range(count)]
+
+
+def host_table(torch, memories: dict, rounds: int, ops: int) -> dict:
+    """Host us per small operation submitted over each memory (median over rounds), printed as a
+    table; the GPU is waited for outside the timed loops."""
+    import time
+    views = {m: host_views(t) for m, t in memories.items()}
+    kinds = {
+        "add_ launch": lambda vs, i: vs[i % len(vs)].add_(1.0),
+        "copy_ (memcpy D2D)": lambda vs, i: vs[i % len(vs)].copy_(vs[(i + 1) % len(vs)]),
+    }
+    us = {(k, m): [] for k in kinds for m in memories}
+    for r in range(rounds + 1):  # round 0 warms up
+        for k, fn in kinds.items():
+            for m, vs in views.items():
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                for i in range(ops):
+                    fn(vs, i)
+                t1 = time.perf_counter()
+                torch.cuda.synchronize()
+                if r:
+                    us[(k, m)].append((t1 - t0) * 1e6 / ops)
+    names = list(memories)
+    print(f"\nhost us per operation submitted ({ops} a round over {HOST_VIEWS} views of {HOST_VIEW_BYTES} B, one every "
+          f"{HOST_STRIDE >> 20} MiB; median of {rounds} rounds; ratio to cudaMalloc)")
+    print(f"| operation | {' | '.join(names)} |\n|---|{'---|' * len(names)}")
+    out = {}
+    for k in kinds:
+        base = statistics.median(us[(k, "cudaMalloc")])
+        cells = []
+        for m in names:
+            med = statistics.median(us[(k, m)])
+            out[f"{k} / {m}"] = med
+            cells.append(f"{med:.2f}" + ("" if m == "cudaMalloc" else f" ({med / base:.3f}x)"))
+        print(f"| {k} | {' | '.join(cells)} |")
+    return out
 
 
 if __name__ == "__main__":

@@ -427,3 +427,36 @@ def test_decode_trace_is_a_valid_generation_loop():
     bad = subprocess.run([sys.executable, os.path.join(BENCH, "decode_trace.py"), "--steps", "0"],
                          capture_output=True, text=True)
     assert bad.returncode == 2 and "--steps must be at least 1" in bad.stderr
+
+
+def test_vmm_access_bench_host_views_and_bad_arguments():
+    """benchmarks/vmm_access_bench.py: the host table's views lie a 2 MiB page apart, as many as
+    fit; bad arguments fail before PyTorch is needed."""
+    import vmm_access_bench as vab
+
+    class Flat:  # the part of a flat fp16 tensor host_views uses
+        def __init__(self, n):
+            self.n = n
+
+        def view(self, *_):
+            return self
+
+        def element_size(self):
+            return 2
+
+        def numel(self):
+            return self.n
+
+        def __getitem__(self, sl):
+            return (sl.start, sl.stop)
+
+    page = (2 << 20) // 2  # fp16 elements in 2 MiB
+    assert vab.host_views(Flat(2 * page + 512)) == [(0, 512), (page, page + 512), (2 * page, 2 * page + 512)]
+    assert vab.host_views(Flat(2 * page + 511)) == [(0, 512), (page, page + 512)]  # the third would run past the end
+    assert len(vab.host_views(Flat(1000 * page))) == vab.HOST_VIEWS
+    for args, message in ((["--host-ops", "-1"], "--host-ops must be >= 0"),
+                          (["--gib", "0.001"], "--gib must be at least one 2 MiB page"),
+                          (["--rounds", "0"], "--rounds >= 1")):
+        r = subprocess.run([sys.executable, os.path.join(BENCH, "vmm_access_bench.py")] + args,
+                           capture_output=True, text=True)
+        assert r.returncode == 2 and message in r.stderr, (args, r.stderr)
