@@ -25,10 +25,11 @@ submitting small operations over each memory, the GPU kept ahead of it. Each mem
 views of 1 KiB, one every 2 MiB (each in a driver handle of its own where pages are 2 MiB), and
 the host times, without waiting for the GPU, ``--host-ops`` launches of an in-place add over them
 in turn and as many device-to-device copies between them (``copy_``, a cudaMemcpyAsync); us per
-operation, median over rounds. A host-bound generation loop ran 3-4 % slower under the paged pool
-than under the same pool over cudaMalloc with no page call in its steps (docs/BENCHMARKS.md
-section 5): if the driver's handling of launches or copies grows with the handles mapped, it
-shows here.
+operation, median over rounds. A host-bound generation loop ran level with PyTorch's default
+allocator under the paged pool, with no page call in its steps, and 4 % faster than it under the
+same pool over cudaMalloc (docs/BENCHMARKS.md section 5, calls on different machines): if the
+driver's handling of launches or copies costs more over memory mapped in many handles, it shows
+here.
 
     python3 benchmarks/vmm_access_bench.py [--gib 4] [--rounds 15] [--host-ops 20000] [--json out.json]
 """

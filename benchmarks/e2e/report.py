@@ -167,7 +167,7 @@ def summarize(runs: list[dict], workloads: list[str], allocators: list[str]) -> 
     faster for times, the smaller for each memory figure)."""
     rows = []
     for w in workloads:
-        group = {}
+        group, steps = {}, {}
         for a in allocators:
             rs = [r for r in runs if r.get("workload") == w and r.get("allocator") == a]
             good = [r for r in rs if ok(r)]
@@ -189,14 +189,12 @@ def summarize(runs: list[dict], workloads: list[str], allocators: list[str]) -> 
             row["page_calls_warm_ms"] = _median_or_none([c[1] for c in calls])
             for k in PROFILE_KEYS:  # --profile-step: the extra step under torch.profiler
                 row["profile_" + k] = _median_or_none([(r.get("profile") or {}).get(k) for r in good])
-            row["_steps"] = step_medians(good)
-            row["_warmup"] = int(good[0].get("warmup", 0) or 0) if good else 0
+            steps[a] = step_medians(good), (int(good[0].get("warmup", 0) or 0) if good else 0)
             group[a] = row
             rows.append(row)
-        base_steps = group["default"]["_steps"] if "default" in group else []
-        for a, row in group.items():
-            own, warmup = row.pop("_steps"), row.pop("_warmup")
-            ratio, faster, n = step_ratios(own, base_steps, warmup) if a != "default" else (None, 0, 0)
+        for a, row in group.items():  # step by step against PyTorch default's
+            base = steps["default"][0] if "default" in steps and a != "default" else []
+            ratio, faster, n = step_ratios(steps[a][0], base, steps[a][1])
             row["steps_vs_default"], row["steps_faster_than_default"], row["steps_compared"] = ratio, faster, n
         warm = {a: [r["warm_ms"] for r in runs if r.get("workload") == w and r.get("allocator") == a and ok(r)]
                 for a in group}
