@@ -23,7 +23,7 @@
 // 4-bit formats, 2 the dynamic map too (with the finer buckets its packing needs), 0 none.
 // Packed entries halve the shared-memory words a warp's lookups read, for the same instructions:
 // on an H100 the 4-bit encoders ran 10 % faster at the base clock (ncu) and level with two-word
-// entries at the boost clock; the dynamic map's 10 % faster at the base clock but 3-5 points slower
+// entries at the boost clock; the dynamic map's 10 % faster at the base clock but 3-7 points slower
 // at the boost clock (docs/BENCHMARKS.md section 9).
 #ifndef VK_QUANT_ENC_PACKED
 #define VK_QUANT_ENC_PACKED 1
