@@ -445,6 +445,30 @@ def test_exporter_command_serves_and_stops_on_a_signal(fake, sig):
             p.wait()
 
 
+def _blocked_signals(native_id: int) -> set[int]:
+    """The signals a thread of this process blocks, from /proc (Linux)."""
+    with open(f"/proc/self/task/{native_id}/status") as f:
+        mask = int(next(line for line in f if line.startswith("SigBlk:")).split()[1], 16)
+    return {n for n in range(1, 65) if mask >> (n - 1) & 1}
+
+
+@pytest.mark.skipif(not os.path.exists("/proc/self/task"), reason="reads thread signal masks from /proc")
+def test_helper_threads_leave_signals_to_the_main_thread(fake, tmp_path):
+    """The exporter's and the sampler's threads block SIGINT and SIGTERM (a signal the kernel gave
+    them would not wake the main thread: `vramkit exporter` once served on after a SIGTERM), keep
+    faults unblocked, and leave the caller's own mask as it was."""
+    import threading
+    before = _blocked_signals(threading.get_native_id())
+    with start_exporter() as exp:
+        blocked = _blocked_signals(exp._thread.native_id)
+        assert {signal.SIGINT, signal.SIGTERM, signal.SIGHUP} <= blocked
+        assert signal.SIGSEGV not in blocked and signal.SIGBUS not in blocked
+    with Sampler(0.05, tmp_path / "rec.csv") as s:
+        assert {signal.SIGINT, signal.SIGTERM} <= _blocked_signals(s._thread.native_id)
+    assert _blocked_signals(threading.get_native_id()) == before
+    assert signal.SIGTERM not in before
+
+
 # ---- Sampler and recordings --------------------------------------------------------------------
 
 def test_sampler_records_devices_processes_and_allocator(tmp_path):

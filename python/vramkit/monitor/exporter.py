@@ -28,6 +28,7 @@ import time
 from typing import Any, Callable, Iterable
 
 from . import NvmlUnavailableError, Snapshotter, open_monitor, unavailable_message
+from .._threads import start_daemon
 
 PROG = "vramkit exporter"
 DEFAULT_PORT = 9448  # not dcgm-exporter's 9400 nor nvitop-exporter's 8000: both may run on the same node
@@ -509,10 +510,7 @@ def _serve(collector: Collector, port: int, address: str) -> Exporter:
         print(f"{PROG}: warning: listening on every interface ({address or '0.0.0.0'}:{port}): any machine "
               "that reaches this one can read the metrics (there is no authentication)", file=sys.stderr)
     server = _Server((address, port), collector)
-    thread = threading.Thread(target=server.serve_forever,
-                              name="vramkit-exporter", daemon=True)
-    thread.start()
-    return Exporter(server, thread)
+    return Exporter(server, start_daemon(server.serve_forever, "vramkit-exporter"))
 
 
 def start_exporter(port: int = 0, address: str = "127.0.0.1", *, devices: list[int] | None = None,
@@ -600,7 +598,7 @@ def run(args: argparse.Namespace) -> int:
         n = snapper.monitor.device_count()
         print(f"{PROG}: serving {exp.url} ({snapper.backend}, {n} GPU(s)); Ctrl-C stops", file=sys.stderr,
               flush=True)
-        while not stop.wait(3600):
+        while not stop.wait(1.0):  # short waits: a signal's handler runs within a second whatever thread got it
             pass
     except KeyboardInterrupt:
         pass

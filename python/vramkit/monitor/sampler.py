@@ -27,6 +27,7 @@ from typing import Any, Iterable, Iterator
 
 from . import NvmlUnavailableError, Snapshotter, format_size, open_monitor
 from .._axis import nice_step
+from .._threads import start_daemon
 
 __all__ = ["CSV_COLUMNS", "snapshot_rows", "allocator_rows", "Sampler", "Recording", "DeviceSeries",
            "ProcessSeries", "AllocatorSeries", "load_recording", "recording_section_html", "ticks"]
@@ -207,8 +208,7 @@ class Sampler:
         self._writer = csv.DictWriter(self._file, CSV_COLUMNS, restval="", lineterminator="\n")
         self._writer.writeheader()
         self._stop.clear()
-        self._thread = threading.Thread(target=self._run, name="vramkit-sampler", daemon=True)
-        self._thread.start()
+        self._thread = start_daemon(self._run, "vramkit-sampler")
         return self
 
     def _run(self) -> None:
