@@ -465,7 +465,8 @@ def main(argv=None) -> int:
     if profiled:
         print(f"\nstep {a.profile_step} once more under torch.profiler (after the timed steps; medians over the "
               "repeats, ms): wall, GPU busy (kernels, copies, fills; overlaps once), GPU idle, host waiting in "
-              "synchronize calls (count)\n" + profiled)
+              "synchronize calls (count), host in other CUDA runtime/driver calls (API; the JSON's host_top names "
+              "the costliest host events)\n" + profiled)
     for w in unique(a.workloads):
         v, t = rows.get((w, "vramkit")), rows.get((w, "vramkit-tracking"))
         if v and t and v["warm_ms"] and t["warm_ms"]:

@@ -138,13 +138,13 @@ def page_call_ms(run: dict) -> tuple[float | None, float | None]:
     return per[0], (statistics.median(warm) if warm else None)
 
 
-PROFILE_KEYS = ("wall_ms", "gpu_busy_ms", "gpu_idle_ms", "host_wait_ms", "host_waits")
+PROFILE_KEYS = ("wall_ms", "gpu_busy_ms", "gpu_idle_ms", "host_wait_ms", "host_waits", "host_api_ms")
 
 
 def profile_text(rows: list[dict]) -> str:
     """One line per (workload, allocator) with a profiled step (``--profile-step``): wall, GPU
-    busy, GPU idle and host-wait ms (and the waits' count), medians over the repeats; "" when
-    no run was profiled."""
+    busy, GPU idle and host-wait ms (and the waits' count), then the host's other CUDA API ms,
+    medians over the repeats; "" when no run was profiled."""
     lines = []
     for r in rows:
         if r.get("profile_wall_ms") is None:
@@ -152,7 +152,8 @@ def profile_text(rows: list[dict]) -> str:
         vals = [r.get("profile_" + k) for k in PROFILE_KEYS]
         txt = " / ".join("-" if v is None else f"{v:.1f}" for v in vals[:4])
         n = "" if vals[4] is None else f" ({vals[4]:.0f})"
-        lines.append(f"  {r['workload']:10s} {r['allocator']:30s} {txt}{n}")
+        api = "" if vals[5] is None else f", API {vals[5]:.1f}"
+        lines.append(f"  {r['workload']:10s} {r['allocator']:30s} {txt}{n}{api}")
     return "\n".join(lines)
 
 

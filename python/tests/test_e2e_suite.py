@@ -267,10 +267,16 @@ def test_profiled_step_busy_idle_and_host_waits():
               {"device": "cuda", "name": "Memcpy DtoH", "start": 2000.0, "end": 2500.0},  # overlaps the gemm
               {"device": "cpu", "name": "cudaStreamSynchronize", "start": 2050.0, "end": 2600.0},
               {"device": "cpu", "name": "cudaLaunchKernel", "start": 0.0, "end": 20.0},
-              {"device": "cpu", "name": "aten::nonzero", "start": 1900.0, "end": 2700.0}]
+              {"device": "cpu", "name": "cuLaunchKernel", "start": 30.0, "end": 40.0},
+              {"device": "cpu", "name": "cub::DeviceScan", "start": 50.0, "end": 60.0},  # a library's name, no API call
+              {"device": "cpu", "name": "aten::nonzero", "start": 1900.0, "end": 2700.0, "self": 200.0}]
     got = profile.summarize_events(events, wall_ms=4.0)
     assert got == {"wall_ms": 4.0, "gpu_busy_ms": 2.4, "gpu_idle_ms": 1.6, "kernel_ms": 2.5, "gpu_ops": 2,
-                   "host_wait_ms": 0.55, "host_waits": 1}
+                   "host_wait_ms": 0.55, "host_waits": 1, "host_api_ms": 0.03, "host_api_calls": 2,
+                   "host_api": {"cuLaunchKernel": [0.01, 1], "cudaLaunchKernel": [0.02, 1]},
+                   "host_top": [["cudaStreamSynchronize", 0.55, 1], ["aten::nonzero", 0.2, 1],
+                                ["cudaLaunchKernel", 0.02, 1], ["cuLaunchKernel", 0.01, 1],
+                                ["cub::DeviceScan", 0.01, 1]]}
     runs = [_run("m", "default", 10.0, 150, 200), _run("m", "vramkit", 10.5, 150, 200),
             _run("m", "vramkit", 10.7, 150, 200, rep=1)]
     runs[0]["profile"] = dict(got)
@@ -282,7 +288,8 @@ def test_profiled_step_busy_idle_and_host_waits():
     assert by["vramkit"]["profile_gpu_idle_ms"] == pytest.approx(3.6)
     assert by["vramkit"]["profile_host_waits"] == pytest.approx(2.0)
     text = report.profile_text(rows).splitlines()
-    assert len(text) == 2 and text[1].split() == ["m", "vramkit", "6.0", "/", "2.4", "/", "3.6", "/", "0.6", "(2)"]
+    assert len(text) == 2 and text[1].split() == ["m", "vramkit", "6.0", "/", "2.4", "/", "3.6", "/", "0.6", "(2),",
+                                                  "API", "0.0"]
     assert report.profile_text(report.summarize(runs[:1] + [_run("m", "vramkit", 10.0, 150, 200)], ["m"],
                                                 ["vramkit"])) == ""
 
