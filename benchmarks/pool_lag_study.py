@@ -26,7 +26,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from pool_counters import quick_replay_text, traces  # noqa: E402
 
 PASS = re.compile(r"pass (\d+): created (\d+) mapped (\d+) unmapped (\d+) remapped (\d+) reused (\d+) destroyed (\d+) "
-                  r"reserved (\d+) MiB waits (\d+) driver_ms ([\d.]+)")
+                  r"reserved (\d+) MiB waits (\d+)[^\n]*? driver_ms ([\d.]+)")  # chunk/early counts between
 RATIO = re.compile(r"peak_reserved/peak_live ([\d.]+)")
 
 
