@@ -467,3 +467,14 @@ def test_vmm_access_bench_host_views_and_bad_arguments():
         r = subprocess.run([sys.executable, os.path.join(BENCH, "vmm_access_bench.py")] + args,
                            capture_output=True, text=True)
         assert r.returncode == 2 and message in r.stderr, (args, r.stderr)
+
+
+def test_pool_lag_study_reads_quick_replays_pass_lines():
+    """benchmarks/pool_lag_study.py parses the pass lines cpp/bench/quick_replay prints (the chunk
+    and early counts between waits and driver_ms included)."""
+    import pool_lag_study
+    line = ("pass 2: created 6 mapped 8 unmapped 0 remapped 2 reused 0 destroyed 0 reserved 13884 MiB waits 3 "
+            "chunks 0/0 early 5/1 driver_ms 0.3\npass 3: created 0 mapped 0 unmapped 0 remapped 0 reused 0 "
+            "destroyed 0 reserved 13884 MiB waits 0 driver_ms 12.5\n")
+    got = [tuple(float(x) for x in m.groups()) for m in pool_lag_study.PASS.finditer(line)]
+    assert got == [(2, 6, 8, 0, 2, 0, 0, 13884, 3, 0.3), (3, 0, 0, 0, 0, 0, 0, 13884, 0, 12.5)]
