@@ -63,11 +63,6 @@ double parse_real(const std::string& key, const std::string& v) {
     throw invalid_argument(key + " takes a plain decimal number (e.g. 0.05), not '" + v + "'");
   return d;
 }
-std::size_t parse_count(const std::string& key, const std::string& v) {
-  if (v.empty() || v.size() > 12 || v.find_first_not_of("0123456789") != std::string::npos)
-    throw invalid_argument(key + " takes a whole number (e.g. 32), not '" + v + "'");
-  return static_cast<std::size_t>(std::stoull(v));
-}
 bool parse_bool(const std::string& key, const std::string& v) {
   std::string l = v;
   for (char& c : l) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -91,8 +86,6 @@ void pool_options::validate() const {
                            "its old mapping until that work completes");
   if (!(remap_own_slack >= 0 && remap_own_slack <= 100))
     throw invalid_argument("remap_own_slack " + format_fixed(remap_own_slack, 4) + " must be between 0 and 100");
-  if (progress_every > (std::size_t{1} << 30))
-    throw invalid_argument("progress_every " + std::to_string(progress_every) + " must be at most 2^30 frees (0: none)");
   if (!(va_factor >= 1 && va_factor <= 64))
     throw invalid_argument("va_factor " + format_fixed(va_factor, 2) + " must be between 1 and 64");
 }
@@ -163,12 +156,11 @@ void pool_options::parse(const std::string& conf) {
         own_given = true;
       }
       else if (k == "remap_own_slack") o.remap_own_slack = parse_real(k, v);
-      else if (k == "progress_every") o.progress_every = parse_count(k, v);
       else
         throw invalid_argument("unknown key '" + k +
                                "' (known: alignment, page_size, small_threshold, small_segment, large_rounding, "
                                "reserve_limit, release_threshold, growth_slack, remap, wait_to_remap, keep_mappings, remap_own, "
-                               "remap_own_slack, progress_every, "
+                               "remap_own_slack, "
                                "map_ahead, chunk_size, chunk_min_size, growth_chunks, plan_steps, fit, va_factor)");
     } catch (const invalid_argument&) {
       throw;
@@ -205,7 +197,6 @@ std::string pool_options::to_string() const {
   s += ",growth_slack:" + format_fixed(growth_slack, 4) + ",remap:" + (remap ? "true" : "false") +
        ",wait_to_remap:" + (wait_to_remap ? "true" : "false") + ",keep_mappings:" + (keep_mappings ? "true" : "false") +
        ",remap_own:" + (remap_own ? "true" : "false") + ",remap_own_slack:" + format_fixed(remap_own_slack, 4) +
-       ",progress_every:" + to_string(progress_every) +
        ",map_ahead:" + to_string(map_ahead) + ",chunk_size:" + to_string(chunk_size) +
        ",chunk_min_size:" + to_string(chunk_min_size) + ",growth_chunks:" + (growth_chunks ? "true" : "false") + ",plan_steps:" + (plan_steps ? "true" : "false") +
        ",fit:" + (fit_address ? "address" : "best") + ",va_factor:" + format_fixed(va_factor, 2);

@@ -56,10 +56,6 @@ struct pool_options {
   // training move ~600 a step) and held less device memory than PyTorch's
   // expandable segments on six, the same on the seventh.
   double remap_own_slack = 0.08;
-  // With remap (paged pools): frees on a stream between its progress events
-  // (an event recorded at a free, asked every progress_every/4 frees once it
-  // is that old; glossary.hpp). 0: none.
-  std::size_t progress_every = 32;
   // While the pool grows, a helper thread keeps new pages created and mapped
   // just past the large arena's highest page in use, so that the next blocks find
   // their pages ready and the driver's calls run off the allocating thread:

@@ -218,8 +218,8 @@ struct pool_resource::impl {
   // one is in flight and older than that, one query per 8 frees (in the host
   // lag model, querying every 8th free keeps as little memory as querying
   // every free; every 32nd keeps 1-3 % more).
-  std::uint64_t progress_every() const noexcept { return opt.progress_every; }
-  std::uint64_t progress_query_every() const noexcept { return std::max<std::uint64_t>(1, opt.progress_every / 4); }
+  static constexpr std::uint64_t progress_every = 32;
+  static constexpr std::uint64_t progress_query_every = 8;
   void record_stream(void* ptr, stream_t stream);
 
   // ---- step plans (step_plan.cpp) ----------------------------------------

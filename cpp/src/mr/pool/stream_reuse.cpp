@@ -82,9 +82,8 @@ bool pool_resource::impl::progress_settled(detail::stream_slot& s) noexcept {
 // the next); a record when none is in flight. Only a hint: a failed record
 // is tried again progress_query_every frees later.
 void pool_resource::impl::note_progress(detail::stream_slot& s) noexcept {
-  if (!progress_every()) return;  // progress_every:0
-  if (s.progress_pending && free_seq - s.progress_seq < progress_every()) return;
-  if (s.progress_tried && free_seq - s.progress_tried < progress_query_every()) return;
+  if (s.progress_pending && free_seq - s.progress_seq < progress_every) return;
+  if (s.progress_tried && free_seq - s.progress_tried < progress_query_every) return;
   s.progress_tried = free_seq;
   if (streams->capturing(s.stream)) return;  // an event there would join the graph
   if (!progress_settled(s)) return;
