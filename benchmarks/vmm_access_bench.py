@@ -29,7 +29,8 @@ operation, median over rounds. A host-bound generation loop ran level with PyTor
 allocator under the paged pool, with no page call in its steps, and 4 % faster than it under the
 same pool over cudaMalloc (docs/BENCHMARKS.md section 5, calls on different machines): if the
 driver's handling of launches or copies costs more over memory mapped in many handles, it shows
-here.
+here. On an H100 it did not: every memory within 2.5 % of cudaMalloc's host time for both
+(docs/BENCHMARKS.md section 5, thirteenth session).
 
     python3 benchmarks/vmm_access_bench.py [--gib 4] [--rounds 15] [--host-ops 20000] [--json out.json]
 """
