@@ -6,7 +6,11 @@
 
 #include <atomic>
 #include <chrono>
+#include <csignal>
 #include <cstring>
+#include <dirent.h>
+#include <fstream>
+#include <string>
 #include <mutex>
 #include <random>
 #include <thread>
@@ -72,6 +76,59 @@ class counting_device final : public test::forwarding_device {
   std::atomic<std::thread::id> helper_{};
 };
 }  // namespace
+
+namespace {
+// The signal mask ("SigBlk", hex) of the task of this process named `comm`,
+// or of the calling thread with comm "self"; "" when there is none.
+std::string sigblk_of(const std::string& comm) {
+  const std::string dir = "/proc/self/task/";
+  std::string out;
+  auto read_mask = [](const std::string& status) {
+    std::ifstream f(status);
+    for (std::string line; std::getline(f, line);)
+      if (line.rfind("SigBlk:", 0) == 0) return line.substr(line.find_first_not_of(" \t", 7));
+    return std::string();
+  };
+  if (comm == "self") return read_mask("/proc/thread-self/status");
+  if (DIR* d = opendir(dir.c_str())) {
+    while (dirent* e = readdir(d)) {
+      if (e->d_name[0] == '.') continue;
+      std::ifstream c(dir + e->d_name + "/comm");
+      std::string name;
+      std::getline(c, name);
+      if (name == comm) out = read_mask(dir + e->d_name + "/status");
+    }
+    closedir(d);
+  }
+  return out;
+}
+bool has_signal(const std::string& hexmask, int sig) {
+  const unsigned long long m = std::stoull(hexmask, nullptr, 16);
+  return (m >> (sig - 1)) & 1;
+}
+}  // namespace
+
+// The helper takes no asynchronous signal (SIGTERM, SIGINT and the like go to
+// a thread that handles them: Python's main thread), faults stay unblocked, and
+// the allocating thread's own mask is as it was.
+TEST(pool_ahead, the_helper_thread_leaves_signals_to_the_other_threads) {
+  const std::string before = sigblk_of("self");
+  ASSERT_FALSE(before.empty()) << "no /proc/thread-self/status";
+  auto dev = std::make_shared<host_page_device>(8 * GiB);
+  pool_resource pool(dev, nullptr, ahead(16 * MiB));
+  void* a = pool.allocate(8 * MiB, 0);  // the pool grows: the helper starts
+  // Once it has made pages it runs its own code (a new thread starts with
+  // every signal blocked until the C library sets the mask it inherits).
+  ASSERT_TRUE(eventually([&] { return pool.counters().pages_made_ahead >= 4; }));
+  ASSERT_FALSE(sigblk_of("vramkit-ahead").empty()) << "no thread named vramkit-ahead";
+  const std::string helper = sigblk_of("vramkit-ahead");
+  for (int sig : {SIGTERM, SIGINT, SIGHUP, SIGQUIT, SIGUSR1, SIGCHLD})
+    EXPECT_TRUE(has_signal(helper, sig)) << "signal " << sig << " not blocked in the helper: " << helper;
+  for (int sig : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGABRT})
+    EXPECT_FALSE(has_signal(helper, sig)) << "fault " << sig << " blocked in the helper: " << helper;
+  EXPECT_EQ(sigblk_of("self"), before) << "the allocating thread's mask changed";
+  pool.deallocate(a, 8 * MiB, 0);
+}
 
 TEST(pool_ahead, growth_finds_its_pages_made_ahead) {
   auto dev = std::make_shared<counting_device>(std::make_shared<host_page_device>(4 * GiB));
