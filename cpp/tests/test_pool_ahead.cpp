@@ -75,9 +75,7 @@ class counting_device final : public test::forwarding_device {
   std::atomic<long> calls_{0};
   std::atomic<std::thread::id> helper_{};
 };
-}  // namespace
 
-namespace {
 // The signal mask ("SigBlk", hex) of the task of this process named `comm`,
 // or of the calling thread with comm "self"; "" when there is none.
 std::string sigblk_of(const std::string& comm) {
