@@ -460,7 +460,12 @@ def main(argv=None) -> int:
     steps = report.steps_text(doc["summary"])
     if steps:  # a steady lead smaller than the runs' spread shows here
         print("\neach warm step against PyTorch default's (medians over the repeats of each step): the median "
-              "ratio, and the steps faster than PyTorch default's\n" + steps)
+              "ratio, and the steps faster than PyTorch default's; then the same for each step's time over the "
+              "host-speed control timed after it (e2e/hostspeed.py)\n" + steps)
+    controls = report.control_text(doc["summary"])
+    if controls:  # how far the host's speed moved between runs
+        print("\nthe host-speed control (256 in-place adds on a CPU tensor after each step), median over each "
+              "run's steps, then over the runs\n" + controls)
     profiled = report.profile_text(doc["summary"])
     if profiled:
         print(f"\nstep {a.profile_step} once more under torch.profiler (after the timed steps; medians over the "

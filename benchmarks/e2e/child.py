@@ -199,6 +199,7 @@ def run(workload: str, alloc: str, steps: int, warmup: int, seed: int, vramkit_c
     res["alloc_conf"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
 
     import torch
+    from e2e import hostspeed
     from e2e.workloads import WORKLOADS
     res["import_s"] = time.perf_counter() - t_start
     res["torch"] = torch.__version__
@@ -244,6 +245,8 @@ def run(workload: str, alloc: str, steps: int, warmup: int, seed: int, vramkit_c
         step_page_ops = []
         step_cpus = []  # the CPU the launching thread was on after each step
         step_host = []  # host counters over each step (e2e/cpus.py host_clocks)
+        step_control = []  # the host-speed control timed after each step (e2e/hostspeed.py)
+        ctl = hostspeed.make(torch)
         t_loop = time.perf_counter()
         for i in range(steps):
             mark_ms = 0.0
@@ -262,6 +265,7 @@ def run(workload: str, alloc: str, steps: int, warmup: int, seed: int, vramkit_c
             h1 = host_clocks()
             step_cpus.append(current_cpu())
             step_host.append({k: round(h1[k] - h0[k], 3) for k in h1 if k in h0})
+            step_control.append(round(hostspeed.control_ms(ctl), 4))
             if page_ops:
                 after = page_ops()
                 step_page_ops.append({k: after[k] - before[k] for k in after})
@@ -271,6 +275,7 @@ def run(workload: str, alloc: str, steps: int, warmup: int, seed: int, vramkit_c
             res["step_page_ops"] = step_page_ops
         res["step_cpus"] = step_cpus
         res["step_host"] = step_host
+        res["step_control_ms"] = step_control
         res["loop_s"] = time.perf_counter() - t_loop  # steps and their inputs
         res["digest"] = [float(x).hex() for x in runner.digest()]
         if is_vramkit(alloc):

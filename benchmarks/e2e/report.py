@@ -62,6 +62,26 @@ def step_medians(good: list[dict]) -> list[float]:
     return [statistics.median(t[i] for t in series) for i in range(min(len(t) for t in series))]
 
 
+def adjusted_step_medians(good: list[dict]) -> list[float]:
+    """Over the repeats of one (workload, allocator): each step's median of its time over the
+    host-speed control timed right after it (e2e/hostspeed.py), for the steps every repeat with
+    controls has; [] when no run has them."""
+    series = []
+    for r in good:
+        t, c = r.get("step_ms"), r.get("step_control_ms")
+        if isinstance(t, list) and isinstance(c, list) and t and len(c) == len(t) and all(x > 0 for x in c):
+            series.append([a / b for a, b in zip(t, c)])
+    if not series:
+        return []
+    return [statistics.median(s[i] for s in series) for i in range(min(len(s) for s in series))]
+
+
+def control_medians(good: list[dict]) -> list[float]:
+    """Each run's median host-speed control (ms), for the runs that have one."""
+    return [statistics.median(r["step_control_ms"]) for r in good
+            if isinstance(r.get("step_control_ms"), list) and r["step_control_ms"]]
+
+
 def step_ratios(own: list[float], base: list[float], warmup: int) -> tuple[float | None, int, int]:
     """Step by step, own's median time over base's (``step_medians`` of each) after the warm-up:
     the median of those ratios, how many steps own was faster in, and how many were compared.
@@ -76,14 +96,32 @@ def step_ratios(own: list[float], base: list[float], warmup: int) -> tuple[float
 
 def steps_text(rows: list[dict]) -> str:
     """One line per (workload, allocator) but PyTorch default: each warm step's median time over
-    PyTorch default's, the median of those ratios and the steps it was faster in; "" when no row
+    PyTorch default's, the median of those ratios and the steps it was faster in, then the same
+    for the steps' times over their host-speed controls where the runs have them; "" when no row
     has the figures."""
     lines = []
     for r in rows:
         if r.get("steps_vs_default") is None:
             continue
-        lines.append(f"  {r['workload']:10s} {r['allocator']:30s} {r['steps_vs_default']:.3f}   "
-                     f"faster in {r['steps_faster_than_default']} of {r['steps_compared']}")
+        line = (f"  {r['workload']:10s} {r['allocator']:30s} {r['steps_vs_default']:.3f}   "
+                f"faster in {r['steps_faster_than_default']} of {r['steps_compared']}")
+        if r.get("adj_steps_vs_default") is not None:
+            line += (f"   over the host control: {r['adj_steps_vs_default']:.3f}, faster in "
+                     f"{r['adj_steps_faster_than_default']} of {r['adj_steps_compared']}")
+        lines.append(line)
+    return "\n".join(lines)
+
+
+def control_text(rows: list[dict]) -> str:
+    """One line per (workload, allocator) whose runs timed the host-speed control: its median
+    over the runs (ms) and their spread (%); "" when none did."""
+    lines = []
+    for r in rows:
+        if r.get("control_ms") is None:
+            continue
+        spread = r.get("spread_control_pct")
+        lines.append(f"  {r['workload']:10s} {r['allocator']:30s} {r['control_ms']:.3f} ms"
+                     + ("" if spread is None else f"   spread over runs {spread:.1f} %"))
     return "\n".join(lines)
 
 
@@ -168,7 +206,7 @@ def summarize(runs: list[dict], workloads: list[str], allocators: list[str]) -> 
     faster for times, the smaller for each memory figure)."""
     rows = []
     for w in workloads:
-        group, steps = {}, {}
+        group, steps, adjusted = {}, {}, {}
         for a in allocators:
             rs = [r for r in runs if r.get("workload") == w and r.get("allocator") == a]
             good = [r for r in rs if ok(r)]
@@ -190,13 +228,20 @@ def summarize(runs: list[dict], workloads: list[str], allocators: list[str]) -> 
             row["page_calls_warm_ms"] = _median_or_none([c[1] for c in calls])
             for k in PROFILE_KEYS:  # --profile-step: the extra step under torch.profiler
                 row["profile_" + k] = _median_or_none([(r.get("profile") or {}).get(k) for r in good])
+            controls = control_medians(good)
+            row["control_ms"] = statistics.median(controls) if controls else None
+            row["spread_control_pct"] = _spread(controls)
             steps[a] = step_medians(good), (int(good[0].get("warmup", 0) or 0) if good else 0)
+            adjusted[a] = adjusted_step_medians(good)
             group[a] = row
             rows.append(row)
         for a, row in group.items():  # step by step against PyTorch default's
             base = steps["default"][0] if "default" in steps and a != "default" else []
             ratio, faster, n = step_ratios(steps[a][0], base, steps[a][1])
             row["steps_vs_default"], row["steps_faster_than_default"], row["steps_compared"] = ratio, faster, n
+            base = adjusted["default"] if "default" in adjusted and a != "default" else []
+            ratio, faster, n = step_ratios(adjusted[a], base, steps[a][1])
+            row["adj_steps_vs_default"], row["adj_steps_faster_than_default"], row["adj_steps_compared"] = ratio, faster, n
         warm = {a: [r["warm_ms"] for r in runs if r.get("workload") == w and r.get("allocator") == a and ok(r)]
                 for a in group}
         for a, row in group.items():
