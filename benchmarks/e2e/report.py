@@ -56,7 +56,11 @@ def step_minimum(good: list[dict]) -> tuple[float | None, float | None]:
 def step_medians(good: list[dict]) -> list[float]:
     """Over the repeats of one (workload, allocator): each step's median time, for the steps
     every repeat has (the steps of a workload have the same shapes in every run)."""
-    series = [r["step_ms"] for r in good if isinstance(r.get("step_ms"), list) and r["step_ms"]]
+    return _per_step_median([r["step_ms"] for r in good if isinstance(r.get("step_ms"), list) and r["step_ms"]])
+
+
+def _per_step_median(series: list[list[float]]) -> list[float]:
+    """Each index's median over the series, for the indices every series has."""
     if not series:
         return []
     return [statistics.median(t[i] for t in series) for i in range(min(len(t) for t in series))]
@@ -71,9 +75,7 @@ def adjusted_step_medians(good: list[dict]) -> list[float]:
         t, c = r.get("step_ms"), r.get("step_control_ms")
         if isinstance(t, list) and isinstance(c, list) and t and len(c) == len(t) and all(x > 0 for x in c):
             series.append([a / b for a, b in zip(t, c)])
-    if not series:
-        return []
-    return [statistics.median(s[i] for s in series) for i in range(min(len(s) for s in series))]
+    return _per_step_median(series)
 
 
 def control_medians(good: list[dict]) -> list[float]:
