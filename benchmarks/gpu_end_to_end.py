@@ -45,7 +45,7 @@ import tempfile
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from e2e import report  # noqa: E402
+from e2e import hostspeed, report  # noqa: E402
 from e2e.child import PROFILE_ENV, RESULT_PREFIX, is_vramkit, parse_vramkit_conf, variant_options  # noqa: E402
 from e2e.cpus import format_cpu_list, gpu_local_cpus, plan_cpus  # noqa: E402
 from e2e.workloads import WORKLOADS  # noqa: E402
@@ -464,8 +464,8 @@ def main(argv=None) -> int:
               "host-speed control timed after it (e2e/hostspeed.py)\n" + steps)
     controls = report.control_text(doc["summary"])
     if controls:  # how far the host's speed moved between runs
-        print("\nthe host-speed control (256 in-place adds on a CPU tensor after each step), median over each "
-              "run's steps, then over the runs\n" + controls)
+        print(f"\nthe host-speed control ({hostspeed.CONTROL_OPS} in-place adds on a CPU tensor after each step), "
+              "median over each run's steps, then over the runs\n" + controls)
     profiled = report.profile_text(doc["summary"])
     if profiled:
         print(f"\nstep {a.profile_step} once more under torch.profiler (after the timed steps; medians over the "

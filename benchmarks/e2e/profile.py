@@ -55,6 +55,16 @@ def is_api(name: str) -> bool:
 TOP = 12  # names kept in host_top
 
 
+def _by_name(events, own: bool) -> dict[str, list]:
+    """{name: [us, count]} over ``events``: their own time (``self``, else their span) or span."""
+    out: dict[str, list] = {}
+    for e in events:
+        t = out.setdefault(e["name"], [0.0, 0])
+        t[0] += e.get("self", e["end"] - e["start"]) if own else e["end"] - e["start"]
+        t[1] += 1
+    return out
+
+
 def summarize_events(events, wall_ms: float) -> dict:
     """The figures above from profiler events: each with ``device`` ("cuda" for work on the GPU),
     ``name``, ``start``/``end`` in us and, for host events, optionally ``self`` (its own us)."""
@@ -62,17 +72,8 @@ def summarize_events(events, wall_ms: float) -> dict:
     host = [e for e in events if e["device"] != "cuda"]
     waits = [e for e in host if is_wait(e["name"])]
     api = [e for e in host if is_api(e["name"]) and not is_wait(e["name"])]
-    own: dict[str, list] = {}
-    for e in host:
-        t = own.setdefault(e["name"], [0.0, 0])
-        t[0] += e.get("self", e["end"] - e["start"])
-        t[1] += 1
-    top = sorted(own.items(), key=lambda kv: (-kv[1][0], kv[0]))[:TOP]
-    by_api: dict[str, list] = {}
-    for e in api:
-        t = by_api.setdefault(e["name"], [0.0, 0])
-        t[0] += e["end"] - e["start"]
-        t[1] += 1
+    top = sorted(_by_name(host, own=True).items(), key=lambda kv: (-kv[1][0], kv[0]))[:TOP]
+    by_api = _by_name(api, own=False)
     busy = union_ms(gpu)
     return {"wall_ms": round(wall_ms, 3), "gpu_busy_ms": round(busy, 3),
             "gpu_idle_ms": round(max(wall_ms - busy, 0.0), 3),
