@@ -352,7 +352,9 @@ TEST(plan_steps, without_the_option_marks_change_nothing) {
   std::vector<std::vector<void*>> runs;
   for (int marks = 0; marks < 2; ++marks) {
     auto dev = std::make_shared<host_page_device>(4 * GiB);
-    pool_resource pool(dev, nullptr, pool_options{});
+    pool_options o;
+    o.plan_steps = false;
+    pool_resource pool(dev, nullptr, o);
     program prog{pool};
     prog.setup();
     std::vector<void*> all;
@@ -500,42 +502,56 @@ TEST(plan_steps, a_pool_over_segments_ignores_marks) {
   pool.check_invariants();
 }
 
-TEST(plan_steps, chunks_only_before_the_first_mark_and_the_free_ones_go_back_there) {
-  // As when the optimizer's steps mark them: the program's first step runs
-  // before the first mark, in chunks (16 MiB handles: fewer driver calls).
-  // At the mark the chunks lying in free memory go back; no chunk is made
-  // after it; the plan then works as without chunks, in as little memory.
-  auto run = [](std::size_t chunk_size, std::vector<void*>* planned_addresses) {
+TEST(plan_steps, chunks_only_before_the_second_mark_and_the_free_ones_go_back_there) {
+  // The program's first step runs in chunks (16 MiB handles: fewer driver
+  // calls) whether the program marks at the top of its steps (a mark before
+  // the first step) or the optimizer marks their ends (the first step runs
+  // before any mark, the warming step after it). At the second mark the
+  // chunks lying in free memory go back; no chunk is made after it; the plan
+  // then works as without chunks, in as little memory.
+  auto run = [](std::size_t chunk_size, bool top_marks, std::vector<void*>* planned_addresses) {
     auto dev = std::make_shared<host_page_device>(4 * GiB);
     pool_options o = planned();
     o.chunk_size = chunk_size;
     pool_resource pool(dev, nullptr, o);
     program prog{pool};
     prog.setup();
-    prog.step();  // the cold step, unmarked
+    if (top_marks) pool.mark_step();  // the first mark, at the top of the first step
+    prog.step();                       // the cold step
     const auto cold = pool.counters();
-    pool.mark_step();
+    if (!top_marks) {
+      pool.mark_step();  // the first mark, at the end of the first step
+      const auto w0 = pool.counters();
+      void* big = pool.allocate(256 * MiB, 0);  // growth in the warming step: still chunks
+      EXPECT_GT(pool.counters().pages_created, w0.pages_created) << "the pool did not grow";
+      if (chunk_size)
+        EXPECT_GT(pool.counters().chunks_created, w0.chunks_created) << "no chunk made between the first and the second mark";
+      pool.deallocate_checked(big, 256 * MiB, 0);
+      prog.step();
+    }
+    const auto before = pool.counters();
+    pool.mark_step();  // the second mark
     const auto marked = pool.counters();
     pool.check_invariants();
     for (int s = 0; s < 8; ++s) {
-      pool.mark_step();
       auto c0 = pool.counters();
       prog.step();
       auto c1 = pool.counters();
       pool.check_invariants();
-      EXPECT_EQ(c1.chunks_created, cold.chunks_created) << "step " << s << ": a chunk made after the first mark";
+      EXPECT_EQ(c1.chunks_created, marked.chunks_created) << "step " << s << ": a chunk made after the second mark";
       if (s >= 4) {
         EXPECT_EQ(c1.pages_mapped, c0.pages_mapped) << "step " << s;
         EXPECT_EQ(c1.pages_unmapped, c0.pages_unmapped) << "step " << s;
       }
+      pool.mark_step();
     }
     *planned_addresses = prog.addresses;
-    {  // growth after the first mark: single pages
+    {  // growth after the second mark: single pages
       const auto g0 = pool.counters();
-      void* big = pool.allocate(256 * MiB, 0);
+      void* big = pool.allocate(640 * MiB, 0);  // more than the warming step's growth left free
       EXPECT_GT(pool.counters().pages_created, g0.pages_created) << "the pool did not grow";
-      EXPECT_EQ(pool.counters().chunks_created, g0.chunks_created) << "a chunk made after the first mark";
-      pool.deallocate_checked(big, 256 * MiB, 0);
+      EXPECT_EQ(pool.counters().chunks_created, g0.chunks_created) << "a chunk made after the second mark";
+      pool.deallocate_checked(big, 640 * MiB, 0);
     }
     const auto c = pool.counters();
     EXPECT_EQ(c.plans_made, 1u);
@@ -546,18 +562,22 @@ TEST(plan_steps, chunks_only_before_the_first_mark_and_the_free_ones_go_back_the
     const std::size_t per_chunk = chunk_size / pool.page_size();
     const std::size_t cold_handles =
         cold.pages_created - cold.chunks_created * (per_chunk ? per_chunk - 1 : 0);
-    return std::tuple{cold, marked, pool.state().peak_reserved_bytes, cold_handles};
+    return std::tuple{cold, before, marked, pool.state().peak_reserved_bytes, cold_handles};
   };
-  std::vector<void*> with_chunks, without;
-  auto [cold, marked, peak, handles] = run(16 * MiB, &with_chunks);
-  auto [cold0, marked0, peak0, handles0] = run(0, &without);
-  EXPECT_GT(cold.chunks_created, 0u) << "the cold step made no chunk";
-  EXPECT_EQ(cold0.chunks_created, 0u);
-  EXPECT_GT(marked.chunks_released, cold.chunks_released) << "no free chunk went back at the first mark";
-  EXPECT_LT(handles, handles0) << "chunks did not make the cold step's handles fewer";
-  // Blocks of the cold step living on (the step's last block) may keep a
-  // chunk's free part: at most one chunk more at the peak.
-  EXPECT_LE(peak, peak0 + 16 * MiB) << "the chunks left more memory reserved than single pages";
+  for (bool top_marks : {true, false}) {
+    SCOPED_TRACE(top_marks ? "marks at the top of the steps" : "marks at the ends of the steps");
+    std::vector<void*> with_chunks, without;
+    auto [cold, before, marked, peak, handles] = run(16 * MiB, top_marks, &with_chunks);
+    auto [cold0, before0, marked0, peak0, handles0] = run(0, top_marks, &without);
+    EXPECT_GT(cold.chunks_created, 0u) << "the cold step made no chunk";
+    EXPECT_EQ(cold0.chunks_created, 0u);
+    EXPECT_EQ(before.chunks_released, cold.chunks_released) << "a chunk went back before the second mark";
+    EXPECT_GT(marked.chunks_released, before.chunks_released) << "no free chunk went back at the second mark";
+    EXPECT_LT(handles, handles0) << "chunks did not make the cold step's handles fewer";
+    // Blocks of the cold step living on (the step's last block) may keep a
+    // chunk's free part: at most one chunk more at the peak.
+    EXPECT_LE(peak, peak0 + 16 * MiB) << "the chunks left more memory reserved than single pages";
+  }
 }
 
 TEST(plan_steps, a_pool_never_marked_is_the_pool_without_the_option_until_steps_are_found) {

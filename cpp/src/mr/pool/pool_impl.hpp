@@ -179,8 +179,8 @@ struct pool_resource::impl {
   // The pages of [lo, hi) that chunks reaching outside it may not hold: [clo, chi)
   // (chunk pages in it lie in chunks wholly inside [lo, hi)).
   std::pair<std::size_t, std::size_t> chunks_inside(const detail::arena* a, std::size_t lo, std::size_t hi) const noexcept;
-  // plan_steps: chunks only before the first mark (step_plan.cpp)
-  bool chunks_now() const noexcept { return plan.ph == step_plan::phase::off; }
+  // plan_steps: chunks only before the second mark (step_plan.cpp)
+  bool chunks_now() const noexcept { return plan.marks < 2; }
   bool make_chunk_at(detail::arena* a, std::size_t c, std::size_t n);
   std::size_t give_back_chunk(detail::arena* a, std::size_t c) noexcept;  // returns its pages
 
@@ -237,7 +237,8 @@ struct pool_resource::impl {
     std::uint64_t tick = 0;    // large requests and frees since the recorded step began
     std::uint64_t length = 0;  // ticks of the recorded step
     std::size_t rest = 0;      // marks to wait, after a dropped plan, before recording again
-    bool chunks_to_give_back = false;  // the first mark's give-back could not wait for the GPU
+    std::uint32_t marks = 0;   // marks so far, counted up to 2 (chunks are made until the second)
+    bool chunks_to_give_back = false;  // the second mark's give-back could not wait for the GPU
     struct item {
       std::size_t size = 0;
       std::uint64_t t0 = 0, t1 = 0;  // requested, freed (0: not yet; past length: in the next step)

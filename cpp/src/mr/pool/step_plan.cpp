@@ -8,8 +8,9 @@
 //
 // Phases, one per mark_step():
 //   off -> warming: the first marked step is not recorded (lazy inits, first
-//                   calls of libraries); the chunks made before it that lie
-//                   in free memory go back, and no more are made
+//                   calls of libraries); at its end (the second mark) the
+//                   chunks made so far that lie in free memory go back, and
+//                   no more are made
 //   warming -> recording: each large request's size and tick (a count of
 //                   large requests and frees), and the tick of its free
 //   recording -> following: no more requests recorded; the recorded blocks'
@@ -38,13 +39,13 @@ namespace vramkit {
 void pool_resource::impl::mark_step() {
   if (!opt.plan_steps || upstream) return;
   auto& P = plan;
-  // The chunks go back at the first mark; when the pool could not wait for
+  // The chunks go back at the second mark; when the pool could not wait for
   // the GPU then, at the next marks until it could.
-  if (P.ph == step_plan::phase::off) P.chunks_to_give_back = true;
+  if (P.marks < 2 && ++P.marks == 2) P.chunks_to_give_back = true;  // from here on no chunk is made (chunks.cpp)
   if (P.chunks_to_give_back) P.chunks_to_give_back = !plan_give_back_chunks();
   switch (P.ph) {
     case step_plan::phase::off:
-      P.ph = step_plan::phase::warming;  // from here on no chunk is made (chunks.cpp)
+      P.ph = step_plan::phase::warming;
       break;
     case step_plan::phase::warming:
       if (P.rest > 0) {  // resting after a dropped plan
@@ -83,9 +84,10 @@ void pool_resource::impl::mark_step() {
   }
 }
 
-// At the first mark: the chunks lying wholly in free memory go back. Chunks
-// are made only before it (the program's start and, when the optimizer marks
-// the steps, its first step: single pages would cost that step about three
+// At the second mark: the chunks lying wholly in free memory go back. Chunks
+// are made only before it (the program's start and the first step, whether the
+// program marks at the top of its steps or the optimizer marks their ends,
+// then the warming step: single pages would cost the first step about three
 // times the driver's time), and one left there would pin memory where later
 // steps' blocks, and the plan, do not want it: blocks placed over part of a
 // chunk keep the rest of it from moving (docs/BENCHMARKS.md section 1h). So
