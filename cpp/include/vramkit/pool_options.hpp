@@ -51,11 +51,14 @@ struct pool_options {
   // With remap_own: before taking its own stream's frees early, the pool
   // grows while reserved stays within (1 + remap_own_slack) x the live peak
   // (no effect at or below growth_slack). A larger value moves fewer pages
-  // when the GPU runs behind, for memory up to that bound. With 0.03 and
-  // plan_steps, on an H100, seven real workloads moved no page in warm steps
-  // and held 1.020-1.030 of allocated (0.08 held up to 1.080; 0.03 without
-  // plans made GPT-2 training move pages every step).
-  double remap_own_slack = 0.03;
+  // when the GPU runs behind, for memory up to that bound. With 0.08, on an
+  // H200, seven real workloads moved no page in warm steps (0 makes GPT-2
+  // training move ~600 a step) and held less device memory than PyTorch's
+  // expandable segments on six, the same on the seventh. With 0.03 and
+  // plan_steps, on an H100, they moved none either and held 1.020-1.030 of
+  // allocated, against up to 1.080 (0.03 without plans made GPT-2 training
+  // move pages every step).
+  double remap_own_slack = 0.08;
   // While the pool grows, a helper thread keeps new pages created and mapped
   // just past the large arena's highest page in use, so that the next blocks find
   // their pages ready and the driver's calls run off the allocating thread:
@@ -102,11 +105,11 @@ struct pool_options {
   // Chunks only until the second mark (the end of the first marked step):
   // there the pool waits for the GPU and gives back the chunks lying wholly
   // in free memory (a chunk cannot move, and would pin the steps' memory
-  // where the plan does not want it). On by default: with remap_own_slack
-  // 0.03, on an H100 the suite's seven workloads held 1.020-1.030 of peak
-  // allocated, moved no page in a warm step, and their repeats agreed on
-  // peak reserved within 1 % (docs/BENCHMARKS.md section 5).
-  bool plan_steps = true;
+  // where the plan does not want it). With remap_own_slack 0.03, on an H100
+  // the suite's seven workloads held 1.020-1.030 of peak allocated, moved no
+  // page in a warm step, and their repeats agreed on peak reserved within
+  // 1 % (docs/BENCHMARKS.md section 5).
+  bool plan_steps = false;
   // fit:address (true) or fit:best (false, the default): which backed free
   // block a large request (over small_threshold) takes when several fit. Best
   // takes the tightest; address takes an exact fit, else the lowest-addressed
