@@ -460,8 +460,7 @@ def main(argv=None) -> int:
     steps = report.steps_text(doc["summary"])
     if steps:  # a steady lead smaller than the runs' spread shows here
         print("\neach warm step against PyTorch default's (medians over the repeats of each step): the median "
-              "ratio, and the steps faster than PyTorch default's; then the same for each step's time over the "
-              "host-speed control timed after it (e2e/hostspeed.py)\n" + steps)
+              "ratio, and the steps faster than PyTorch default's\n" + steps)
     controls = report.control_text(doc["summary"])
     if controls:  # how far the host's speed moved between runs
         print(f"\nthe host-speed control ({hostspeed.CONTROL_OPS} in-place adds on a CPU tensor after each step), "

@@ -7,8 +7,10 @@ docs/BENCHMARKS.md section 5, thirteenth session). A host-bound step then moves 
 allocators differ. After each step, outside its timed region, the child times a fixed piece of
 host work of the kind such steps are made of: PyTorch's dispatch of ``CONTROL_OPS`` small
 in-place adds on a CPU tensor (no GPU, no allocation), the fastest of ``TRIES`` rounds. The
-report then also compares each step's time over its control (``report.adjusted_step_medians``):
-where the host ran slower in one run, its steps and its controls both grew.
+report prints each allocator's median control and its spread over the runs: how far the host's
+speed moved between them. Dividing the steps by their controls did not help order allocators: on
+an H100 (section 5, fourteenth session) the control ran 3-5 % slower in every expandable_segments
+process of two calls while their steps did not, so that ratio was dropped.
 """
 from __future__ import annotations
 

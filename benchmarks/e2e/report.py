@@ -66,18 +66,6 @@ def _per_step_median(series: list[list[float]]) -> list[float]:
     return [statistics.median(t[i] for t in series) for i in range(min(len(t) for t in series))]
 
 
-def adjusted_step_medians(good: list[dict]) -> list[float]:
-    """Over the repeats of one (workload, allocator): each step's median of its time over the
-    host-speed control timed right after it (e2e/hostspeed.py), for the steps every repeat with
-    controls has; [] when no run has them."""
-    series = []
-    for r in good:
-        t, c = r.get("step_ms"), r.get("step_control_ms")
-        if isinstance(t, list) and isinstance(c, list) and t and len(c) == len(t) and all(x > 0 for x in c):
-            series.append([a / b for a, b in zip(t, c)])
-    return _per_step_median(series)
-
-
 def control_medians(good: list[dict]) -> list[float]:
     """Each run's median host-speed control (ms), for the runs that have one."""
     return [statistics.median(r["step_control_ms"]) for r in good
@@ -98,19 +86,14 @@ def step_ratios(own: list[float], base: list[float], warmup: int) -> tuple[float
 
 def steps_text(rows: list[dict]) -> str:
     """One line per (workload, allocator) but PyTorch default: each warm step's median time over
-    PyTorch default's, the median of those ratios and the steps it was faster in, then the same
-    for the steps' times over their host-speed controls where the runs have them; "" when no row
+    PyTorch default's, the median of those ratios and the steps it was faster in; "" when no row
     has the figures."""
     lines = []
     for r in rows:
         if r.get("steps_vs_default") is None:
             continue
-        line = (f"  {r['workload']:10s} {r['allocator']:30s} {r['steps_vs_default']:.3f}   "
-                f"faster in {r['steps_faster_than_default']} of {r['steps_compared']}")
-        if r.get("adj_steps_vs_default") is not None:
-            line += (f"   over the host control: {r['adj_steps_vs_default']:.3f}, faster in "
-                     f"{r['adj_steps_faster_than_default']} of {r['adj_steps_compared']}")
-        lines.append(line)
+        lines.append(f"  {r['workload']:10s} {r['allocator']:30s} {r['steps_vs_default']:.3f}   "
+                     f"faster in {r['steps_faster_than_default']} of {r['steps_compared']}")
     return "\n".join(lines)
 
 
@@ -208,7 +191,7 @@ def summarize(runs: list[dict], workloads: list[str], allocators: list[str]) -> 
     faster for times, the smaller for each memory figure)."""
     rows = []
     for w in workloads:
-        group, steps, adjusted = {}, {}, {}
+        group, steps = {}, {}
         for a in allocators:
             rs = [r for r in runs if r.get("workload") == w and r.get("allocator") == a]
             good = [r for r in rs if ok(r)]
@@ -234,16 +217,12 @@ def summarize(runs: list[dict], workloads: list[str], allocators: list[str]) -> 
             row["control_ms"] = statistics.median(controls) if controls else None
             row["spread_control_pct"] = _spread(controls)
             steps[a] = step_medians(good), (int(good[0].get("warmup", 0) or 0) if good else 0)
-            adjusted[a] = adjusted_step_medians(good)
             group[a] = row
             rows.append(row)
         for a, row in group.items():  # step by step against PyTorch default's
             base = steps["default"][0] if "default" in steps and a != "default" else []
             ratio, faster, n = step_ratios(steps[a][0], base, steps[a][1])
             row["steps_vs_default"], row["steps_faster_than_default"], row["steps_compared"] = ratio, faster, n
-            base = adjusted["default"] if "default" in adjusted and a != "default" else []
-            ratio, faster, n = step_ratios(adjusted[a], base, steps[a][1])
-            row["adj_steps_vs_default"], row["adj_steps_faster_than_default"], row["adj_steps_compared"] = ratio, faster, n
         warm = {a: [r["warm_ms"] for r in runs if r.get("workload") == w and r.get("allocator") == a and ok(r)]
                 for a in group}
         for a, row in group.items():
