@@ -55,9 +55,10 @@ struct pool_options {
   // H200, seven real workloads moved no page in warm steps (0 makes GPT-2
   // training move ~600 a step) and held less device memory than PyTorch's
   // expandable segments on six, the same on the seventh. With 0.03 and
-  // plan_steps, on an H100, they moved none either and held 1.020-1.030 of
-  // allocated, against up to 1.080 (0.03 without plans made GPT-2 training
-  // move pages every step).
+  // plan_steps, on an H100, six held 1.020-1.030 of allocated, against up to
+  // 1.080, without moving pages in warm steps (0.03 without plans made GPT-2
+  // training move pages every step); MoE training, which gets no plan, moved
+  // three to four times the pages a warm step and ran 3-12 % slower.
   double remap_own_slack = 0.08;
   // While the pool grows, a helper thread keeps new pages created and mapped
   // just past the large arena's highest page in use, so that the next blocks find
@@ -106,9 +107,9 @@ struct pool_options {
   // there the pool waits for the GPU and gives back the chunks lying wholly
   // in free memory (a chunk cannot move, and would pin the steps' memory
   // where the plan does not want it). With remap_own_slack 0.03, on an H100
-  // the suite's seven workloads held 1.020-1.030 of peak allocated, moved no
-  // page in a warm step, and their repeats agreed on peak reserved within
-  // 1 % (docs/BENCHMARKS.md section 5).
+  // six of the suite's seven workloads held 1.020-1.030 of peak allocated
+  // (MoE 1.035) and all seven repeated their peak reserved within 1 %
+  // (docs/BENCHMARKS.md section 5).
   bool plan_steps = false;
   // fit:address (true) or fit:best (false, the default): which backed free
   // block a large request (over small_threshold) takes when several fit. Best
