@@ -449,11 +449,12 @@ def main(argv=None) -> int:
               + ", ".join(f"{w} {al} {x:.0f}" for w, al, x in shares))
     calls = [r for r in doc["summary"] if r.get("page_calls_cold_ms") is not None]
     if calls:  # what the driver's page calls cost inside the steps (median over the repeats)
-        print("\nvramkit pools' time in page calls (create, map, unmap, destroy), first step / warm step median, ms:")
+        print("\nvramkit pools' time in page calls (create, map, unmap, destroy), first step / warm step median"
+              " / all warm steps, ms:")
         for r in calls:
-            warm = r.get("page_calls_warm_ms")
+            warm, total = r.get("page_calls_warm_ms"), r.get("page_calls_warm_sum_ms")
             line = (f"  {r['workload']:10s} {r['allocator']:30s} {r['page_calls_cold_ms']:8.1f} / "
-                    + ("-" if warm is None else f"{warm:.2f}"))
+                    + ("-" if warm is None else f"{warm:.2f}") + " / " + ("-" if total is None else f"{total:.0f}"))
             if r.get("cold_ms") and r.get("warm_ms"):
                 line += f"   (steps: cold {r['cold_ms']:.0f} ms, warm {r['warm_ms']:.1f} ms)"
             print(line)

@@ -147,18 +147,38 @@ def chunk_share(run: dict) -> float | None:
 PAGE_CALL_KEYS = ("page_create_ns", "page_map_ns", "page_unmap_ns", "page_destroy_ns")
 
 
+def _page_call_ms_per_step(run: dict) -> list[float] | None:
+    """Each step's time inside the pool's page device calls, in ms; None without the figures."""
+    steps = run.get("step_page_ops")
+    if not isinstance(steps, list) or not steps or not all(isinstance(s, dict) for s in steps):
+        return None
+    if not any(k in steps[0] for k in PAGE_CALL_KEYS):
+        return None
+    return [sum(s.get(k, 0) for k in PAGE_CALL_KEYS) / 1e6 for s in steps]
+
+
+def _warm(run: dict, per: list[float]) -> list[float]:
+    return per[max(int(run.get("warmup", 0) or 0), 1):]  # as the warm step time: the steps after the warm-up
+
+
 def page_call_ms(run: dict) -> tuple[float | None, float | None]:
     """Time inside the pool's page device calls (create, map with access rights, unmap, destroy)
     in the first step and, as a median, in the warm steps (after ``warmup``), in ms; None without
     the figures (PyTorch's allocators, older records)."""
-    steps = run.get("step_page_ops")
-    if not isinstance(steps, list) or not steps or not all(isinstance(s, dict) for s in steps):
+    per = _page_call_ms_per_step(run)
+    if per is None:
         return None, None
-    if not any(k in steps[0] for k in PAGE_CALL_KEYS):
-        return None, None
-    per = [sum(s.get(k, 0) for k in PAGE_CALL_KEYS) / 1e6 for s in steps]
-    warm = per[max(int(run.get("warmup", 0) or 0), 1):]  # as the warm step time: the steps after the warm-up
+    warm = _warm(run, per)
     return per[0], (statistics.median(warm) if warm else None)
+
+
+def page_call_warm_sum_ms(run: dict) -> float | None:
+    """The page calls' time summed over the warm steps, in ms: the bursts (a step that makes a
+    plan, a new largest shape) that the warm median passes over; None without the figures or
+    without a warm step."""
+    per = _page_call_ms_per_step(run)
+    warm = _warm(run, per) if per is not None else []
+    return sum(warm) if warm else None
 
 
 PROFILE_KEYS = ("wall_ms", "gpu_busy_ms", "gpu_idle_ms", "host_wait_ms", "host_waits", "host_api_ms")
@@ -211,6 +231,7 @@ def summarize(runs: list[dict], workloads: list[str], allocators: list[str]) -> 
             calls = [page_call_ms(r) for r in good]
             row["page_calls_cold_ms"] = _median_or_none([c[0] for c in calls])
             row["page_calls_warm_ms"] = _median_or_none([c[1] for c in calls])
+            row["page_calls_warm_sum_ms"] = _median_or_none([page_call_warm_sum_ms(r) for r in good])
             for k in PROFILE_KEYS:  # --profile-step: the extra step under torch.profiler
                 row["profile_" + k] = _median_or_none([(r.get("profile") or {}).get(k) for r in good])
             controls = control_medians(good)

@@ -256,6 +256,29 @@ def test_time_in_page_calls_first_step_and_warm_median():
     assert rows["default"]["page_calls_cold_ms"] is None
 
 
+def test_time_in_page_calls_over_all_warm_steps():
+    """The warm steps' page-call times summed (the bursts the warm median passes over: a step
+    that makes a plan, a new largest shape), medians over the repeats; nothing without figures
+    or without a warm step."""
+    def ops(*ms):
+        return [{"page_map_ns": int(x * 1e6), "pages_created": 1} for x in ms]
+    runs = [_run("m", "default", 10.0, 150, 200), _run("m", "vramkit", 9.9, 110, 160),
+            _run("m", "vramkit", 11.0, 132, 170, rep=1), _run("m", "vramkit", 10.0, 120, 165, rep=2)]
+    for r in runs:
+        r["warmup"] = 2
+    runs[1]["step_page_ops"] = ops(40, 30, 0, 25, 0, 0)  # warm steps (from the third): 0, 25, 0, 0
+    runs[2]["step_page_ops"] = ops(60, 5, 1, 1, 1, 1)
+    runs[3]["step_page_ops"] = ops(50, 9)                # no warm step
+    assert report.page_call_warm_sum_ms(runs[1]) == pytest.approx(25.0)
+    assert report.page_call_ms(runs[1])[1] == pytest.approx(0.0)  # the median sees none of it
+    assert report.page_call_warm_sum_ms(runs[2]) == pytest.approx(4.0)
+    assert report.page_call_warm_sum_ms(runs[3]) is None
+    assert report.page_call_warm_sum_ms(runs[0]) is None
+    rows = {r["allocator"]: r for r in report.summarize(runs, ["m"], ["default", "vramkit"])}
+    assert rows["vramkit"]["page_calls_warm_sum_ms"] == pytest.approx(14.5)  # median of 25 and 4
+    assert rows["default"].get("page_calls_warm_sum_ms") is None
+
+
 def test_profiled_step_busy_idle_and_host_waits():
     """--profile-step: the GPU's intervals are joined where they overlap, the rest of the wall
     time is idle, only the host's synchronize calls count as waits; medians over the repeats in
