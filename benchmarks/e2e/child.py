@@ -185,7 +185,10 @@ def run(workload: str, alloc: str, steps: int, warmup: int, seed: int, vramkit_c
         # training loop that calls nothing but use().
         marks = options.pop("mark_steps", "manual")
         vramkit.torch.use(mark_steps=marks, **options)  # first: before PyTorch initializes CUDA
-        if marks == "manual" and str(options.get("plan_steps", "")).lower() in ("1", "true", "on", "yes"):
+        # plan_steps as the pool reads it: its defaults, then VRAMKIT_ALLOC_CONF, then the variant
+        from vramkit._pool_conf import plans_steps
+        if marks == "manual" and plans_steps(os.environ.get("VRAMKIT_ALLOC_CONF", "") + ","
+                                             + vramkit.torch.pool_conf(**options)):
             mark_step = vramkit.torch.mark_step  # each step begins there (its time counts in the step's)
         res["vramkit_conf"] = vramkit.torch.pool_conf(**options) or os.environ.get("VRAMKIT_ALLOC_CONF", "")
         res["vramkit_version"] = getattr(vramkit, "__version__", "?")

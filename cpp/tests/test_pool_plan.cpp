@@ -589,6 +589,7 @@ TEST(plan_steps, a_pool_never_marked_is_the_pool_without_the_option_until_steps_
     auto dev = std::make_shared<host_page_device>(4 * GiB);
     pool_options o;
     o.plan_steps = plan;
+    o.chunk_size = std::size_t{16} << 20;  // chunks, as a pool may be set to make them
     pool_resource pool(dev, nullptr, o);
     program prog{pool};
     prog.setup();
@@ -629,7 +630,9 @@ TEST(plan_steps, chunks_wait_for_a_mark_that_can_wait_for_the_gpu) {
   // can wait, and gives them back.
   auto dev = std::make_shared<host_page_device>(4 * GiB);
   auto streams = std::make_shared<lagging_streams>();
-  pool_resource pool(dev, streams, planned());
+  pool_options o = planned();
+  o.chunk_size = std::size_t{16} << 20;
+  pool_resource pool(dev, streams, o);
   program prog{pool};
   prog.stream = 7;
   prog.setup();

@@ -79,7 +79,7 @@ def test_conf_strings_that_turn_plans_on():
     assert vt._plans_steps("plan_steps:true")
     assert vt._plans_steps("upstream=vmm,growth_slack:0.05,plan_steps:ON")
     assert vt._plans_steps(" plan_steps : 1 ")
-    assert not vt._plans_steps("")
+    assert vt._plans_steps("")  # the pool's default
     assert not vt._plans_steps("plan_steps:false,remap:true")
     assert not vt._plans_steps("plan_steps:maybe")  # the pool refuses it when built; not on here
     assert not vt._plans_steps("my_plan_steps:true")
@@ -97,6 +97,8 @@ def test_use_refuses_an_unknown_mark_source_before_anything():
 def test_a_device_plans_only_with_a_paged_pool_that_has_the_option(plan_pool):
     assert vt._device_plans(0)
     _vramkit.set_current_resource(vramkit.make_resource("pool", 0), 0)
+    assert vt._device_plans(0)  # the pool's default
+    _vramkit.set_current_resource(vramkit.make_resource("pool:plan_steps:false", 0), 0)
     assert not vt._device_plans(0)
     _vramkit.set_current_resource(vramkit.make_resource("host", 0), 0)
     assert not vt._device_plans(0)
@@ -156,7 +158,7 @@ def test_an_optimizer_of_cpu_parameters_does_not_pace(plan_pool):
 
 
 def test_an_optimizer_on_a_pool_without_plans_does_not_pace(plan_pool):
-    _vramkit.set_current_resource(vramkit.make_resource("pool", 0), 0)
+    _vramkit.set_current_resource(vramkit.make_resource("pool:plan_steps:false", 0), 0)
     marks = vt._OptimizerMarks()
     marks(Optimizer(Param()), (), {})
     assert marks.marks == 0 and marks.devices() == []

@@ -40,7 +40,7 @@ def cmd_advise(args) -> int:
     planned = [r["allocator"] for r in result["rows"] if plans_steps(r["allocator"])]
     if steps is not None and planned:
         print(f"\nsteps: the trace repeats a step of {steps['period']} large allocation requests; {', '.join(planned)} "
-              f"marked {steps['marks']} steps there, as vramkit.torch.use(plan_steps=True) marks one at each "
+              f"marked {steps['marks']} steps there, as vramkit.torch.use() marks one at each "
               "optimizer step")
     elif planned:
         print(f"\nsteps: no repeating step found in the trace; {', '.join(planned)} ran with no marks (the pool "

@@ -430,7 +430,7 @@ def stats(device=None) -> dict:
 
 def mark_step(device=None) -> None:
     """``vramkit.mark_step(device)`` for the pool PyTorch allocates from: call it at the top of each
-    step (with ``use(plan_steps=True)``, later steps' tensors land where the recorded step's did,
+    step (with ``plan_steps``, the pool's default, later steps' tensors land where the recorded step's did,
     with no page moves). Training loops need not: ``use()`` marks a step after each optimizer
     step. The first call here turns those marks off, so that each step is marked once."""
     from . import mark_step as _mark

@@ -51,15 +51,14 @@ struct pool_options {
   // With remap_own: before taking its own stream's frees early, the pool
   // grows while reserved stays within (1 + remap_own_slack) x the live peak
   // (no effect at or below growth_slack). A larger value moves fewer pages
-  // when the GPU runs behind, for memory up to that bound. With 0.08, on an
-  // H200, seven real workloads moved no page in warm steps (0 makes GPT-2
-  // training move ~600 a step) and held less device memory than PyTorch's
-  // expandable segments on six, the same on the seventh. With 0.03 and
-  // plan_steps, on an H100, six held 1.020-1.030 of allocated, against up to
-  // 1.080, without moving pages in warm steps (0.03 without plans made GPT-2
-  // training move pages every step); MoE training, which gets no plan, moved
-  // three to four times the pages a warm step and ran 3-12 % slower.
-  double remap_own_slack = 0.08;
+  // when the GPU runs behind, for memory up to that bound. 0 makes GPT-2
+  // training move ~600 pages a step; 0.08 (the earlier default) held up
+  // to 1.080 of allocated. With plan_steps and no chunks
+  // (the defaults), 0.03 held four workloads of the suite at 1.020-1.030 of
+  // allocated on an H100 with no page moved in a warm step on MoE, where
+  // the pool with 0.08 and chunks held 1.042-1.080 (docs/BENCHMARKS.md
+  // section 5, "Chunks against the pair on MoE").
+  double remap_own_slack = 0.03;
   // While the pool grows, a helper thread keeps new pages created and mapped
   // just past the large arena's highest page in use, so that the next blocks find
   // their pages ready and the driver's calls run off the allocating thread:
@@ -73,10 +72,14 @@ struct pool_options {
   // handles cost fewer driver calls, and kernels streaming over them run
   // faster. A chunk never moves: when the pool must move memory, it gives a
   // chunk lying wholly in free memory back and makes pages instead. On an
-  // H200, 16 MiB chunks made the first step of six of seven real workloads
-  // 7-26 % faster (docs/BENCHMARKS.md section 5). 0, or at most one page:
-  // single pages only.
-  std::size_t chunk_size = std::size_t{16} << 20;
+  // H100, 16 MiB chunks made GPT-2's first step 1.13-1.20x PyTorch
+  // default's against 1.65x with single pages, but chunks left in the arena
+  // made MoE training (sizes that change with the routing) move 300-1,000
+  // pages a step from step 15 or 19 on, where single pages move none after
+  // step 8 (docs/BENCHMARKS.md section 5, "Chunks against the pair on MoE"). 0 (the
+  // default), or at most one page: single pages only; 16MiB for a process
+  // whose first step matters more than its later ones.
+  std::size_t chunk_size = 0;
   // With chunks: the smallest chunk (bytes, 0: chunk_size, chunks of one
   // size). Where a whole chunk_size does not fit inside a block, the pool
   // makes chunks of half, a quarter, ... of it down to chunk_min_size, each
@@ -103,14 +106,17 @@ struct pool_options {
   // is taken, is placed as usual; a step where more than 5 % of the bytes
   // missed their places drops the plan, and after some steps of rest (4, then
   // 8, 16, ... 256 after later drops) the pool records a new one.
-  // Chunks only until the second mark (the end of the first marked step):
-  // there the pool waits for the GPU and gives back the chunks lying wholly
-  // in free memory (a chunk cannot move, and would pin the steps' memory
-  // where the plan does not want it). With remap_own_slack 0.03, on an H100
-  // six of the suite's seven workloads held 1.020-1.030 of peak allocated
-  // (MoE 1.035) and all seven repeated their peak reserved within 1 %
-  // (docs/BENCHMARKS.md section 5).
-  bool plan_steps = false;
+  // With chunks (chunk_size), only until the second mark (the end of the
+  // first marked step): there the pool waits for the GPU and gives back the
+  // chunks lying wholly in free memory (a chunk cannot move, and would pin
+  // the steps' memory where the plan does not want it). On by default with
+  // remap_own_slack 0.03 and no chunks: on an H100, four of the suite's
+  // workloads held 1.020-1.030 of peak allocated and repeated their peak
+  // reserved within 1 % (docs/BENCHMARKS.md section 5, "Chunks against the
+  // pair on MoE").
+  // A program that never marks is the pool without it until the pool finds
+  // its steps itself.
+  bool plan_steps = true;
   // fit:address (true) or fit:best (false, the default): which backed free
   // block a large request (over small_threshold) takes when several fit. Best
   // takes the tightest; address takes an exact fit, else the lowest-addressed
