@@ -15,8 +15,8 @@ Allocators: ``default`` (PyTorch's caching allocator), ``expandable``
 with ``--vramkit-conf`` passed to it as options), ``vramkit-8mib`` (the same with 8 MiB pages),
 ``vramkit-cuda`` (the same pool over cudaMalloc segments: no mapped pages),
 ``vramkit@KEY:VALUE+KEY:VALUE`` (the pool with those options, e.g. ``vramkit@map_ahead:256MiB``; with
-plan_steps on (the default, or ``plan_steps:true``) the child marks each step at its top, or, with ``+mark_steps:optimizer`` too, leaves
-the marks to the optimizer's steps as a training loop that calls only ``use()`` gets them) and
+``plan_steps`` on, the pool's default, the child marks each step at its top, or, with
+``+mark_steps:optimizer``, leaves the marks to the optimizer's steps as a training loop that calls only ``use()`` gets them) and
 ``vramkit-tracking`` (vramkit plus leak
 tracking with Python call sites, for the cost of tracking).
 

@@ -52,12 +52,11 @@ struct pool_options {
   // grows while reserved stays within (1 + remap_own_slack) x the live peak
   // (no effect at or below growth_slack). A larger value moves fewer pages
   // when the GPU runs behind, for memory up to that bound. 0 makes GPT-2
-  // training move ~600 pages a step; 0.08 (the earlier default) held up
-  // to 1.080 of allocated. With plan_steps and no chunks
-  // (the defaults), 0.03 held four workloads of the suite at 1.020-1.030 of
-  // allocated on an H100 with no page moved in a warm step on MoE, where
-  // the pool with 0.08 and chunks held 1.042-1.080 (docs/BENCHMARKS.md
-  // section 5, "Chunks against the pair on MoE").
+  // training move ~600 pages a step. With plan_steps and no chunks (the
+  // defaults), 0.03 held four workloads of the suite at 1.020-1.030 of
+  // allocated on an H100, where 0.08 without plans and with chunks (the
+  // earlier defaults) held 1.042-1.080 (docs/BENCHMARKS.md section 5,
+  // "Chunks against the pair on MoE").
   double remap_own_slack = 0.03;
   // While the pool grows, a helper thread keeps new pages created and mapped
   // just past the large arena's highest page in use, so that the next blocks find
@@ -76,9 +75,9 @@ struct pool_options {
   // default's against 1.65x with single pages, but chunks left in the arena
   // made MoE training (sizes that change with the routing) move 300-1,000
   // pages a step from step 15 or 19 on, where single pages move none after
-  // step 8 (docs/BENCHMARKS.md section 5, "Chunks against the pair on MoE"). 0 (the
-  // default), or at most one page: single pages only; 16MiB for a process
-  // whose first step matters more than its later ones.
+  // step 8 (docs/BENCHMARKS.md section 5, "Chunks against the pair on
+  // MoE"). 0 (the default), or at most one page: single pages only; 16MiB
+  // for a process whose first step matters more than its later ones.
   std::size_t chunk_size = 0;
   // With chunks: the smallest chunk (bytes, 0: chunk_size, chunks of one
   // size). Where a whole chunk_size does not fit inside a block, the pool
@@ -113,9 +112,8 @@ struct pool_options {
   // remap_own_slack 0.03 and no chunks: on an H100, four of the suite's
   // workloads held 1.020-1.030 of peak allocated and repeated their peak
   // reserved within 1 % (docs/BENCHMARKS.md section 5, "Chunks against the
-  // pair on MoE").
-  // A program that never marks is the pool without it until the pool finds
-  // its steps itself.
+  // pair on MoE"). A program that never marks is the pool without it until
+  // the pool finds its steps itself.
   bool plan_steps = true;
   // fit:address (true) or fit:best (false, the default): which backed free
   // block a large request (over small_threshold) takes when several fit. Best
