@@ -73,8 +73,8 @@ struct pool_options {
   // chunk lying wholly in free memory back and makes pages instead. On an
   // H100, 16 MiB chunks made GPT-2's first step 1.13-1.20x PyTorch
   // default's against 1.65x with single pages, but chunks left in the arena
-  // made MoE training (sizes that change with the routing) move 300-1,000
-  // pages a step from step 15 or 19 on, where single pages move none after
+  // made MoE training (sizes that change with the routing) move up to 1,000
+  // pages in a step from step 15 or 19 on, where single pages move none after
   // step 8 (docs/BENCHMARKS.md section 5, "Chunks against the pair on
   // MoE"). 0 (the default), or at most one page: single pages only; 16MiB
   // for a process whose first step matters more than its later ones.
