@@ -24,7 +24,16 @@ def _ops(n: int) -> np.ndarray:
     return np.ascontiguousarray(np.concatenate([allocs, frees]))
 
 
-def test_sigint_in_process_raises_and_frees():
+@pytest.fixture
+def sigint_raises():
+    """Python's own SIGINT handler, as in an interactive session: a shell that starts the tests in the
+    background without job control starts them with SIGINT ignored, and then no Ctrl-C reaches them."""
+    old = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, old)
+
+
+def test_sigint_in_process_raises_and_frees(sigint_raises):
     r = _vramkit.host_pool(1 << 30)
     ops = _ops(100_000)
     timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
@@ -38,7 +47,8 @@ def test_sigint_in_process_raises_and_frees():
 
 
 CHILD = r"""
-import sys, numpy as np
+import signal, sys, numpy as np
+signal.signal(signal.SIGINT, signal.default_int_handler)  # as an interactive session has it
 sys.path.insert(0, sys.argv[1])
 from test_interrupt import _ops
 from vramkit import _vramkit
