@@ -115,6 +115,13 @@ struct pool_options {
   // pair on MoE"). A program that never marks is the pool without it until
   // the pool finds its steps itself.
   bool plan_steps = true;
+  // With plan_steps: the share of a step's large bytes that must come again,
+  // by size and count, in the next step for a plan to be made, and in each
+  // planned step for it to be kept (the rest may miss their places or be
+  // sizes the plan does not know). Below 0.95 the plan is partial: only the
+  // recorded blocks whose size came again are laid out, and the requests of
+  // other sizes are placed as usual.
+  double plan_repeat = 0.95;
   // fit:address (true) or fit:best (false, the default): which backed free
   // block a large request (over small_threshold) takes when several fit. Best
   // takes the tightest; address takes an exact fit, else the lowest-addressed

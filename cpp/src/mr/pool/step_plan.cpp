@@ -65,7 +65,7 @@ void pool_resource::impl::mark_step() {
       }
       break;
     case step_plan::phase::planned:
-      if (P.missed_bytes * 20 > P.step_bytes) {
+      if (static_cast<double>(P.missed_bytes) > (1 - opt.plan_repeat) * static_cast<double>(P.step_bytes)) {
         // Each plan made moves the step's pages once: after a drop, rest 4,
         // 8, 16, ... up to 256 steps before recording again, so that steps
         // that keep changing do not pay for a new plan every few steps.
@@ -199,7 +199,17 @@ bool pool_resource::impl::plan_build() {
       auto r = recorded.find(size);
       if (r != recorded.end()) same += static_cast<std::size_t>(std::min(n, r->second)) * size;
     }
-    if (P.step_bytes == 0 || same * 20 < P.step_bytes * 19) return false;
+    if (P.step_bytes == 0 || static_cast<double>(same) < opt.plan_repeat * static_cast<double>(P.step_bytes)) return false;
+  }
+  // A partial plan (plan_repeat below 0.95): the recorded blocks whose size
+  // did not come again as often in the next step are left out.
+  const bool partial = opt.plan_repeat < 0.95;
+  {
+    std::unordered_map<std::size_t, std::uint32_t> rank;
+    for (auto& it : P.items) {
+      auto s = P.seen.find(it.size);
+      it.unrepeated = partial && (s == P.seen.end() || rank[it.size]++ >= s->second);
+    }
   }
   // Kept out: never freed yet (long-lived), living two steps or more, or
   // freed while another stream still used it. A block living more than a
@@ -213,7 +223,7 @@ bool pool_resource::impl::plan_build() {
   const bool two_steps_fit = 2 * P.items.size() <= step_plan::max_items;
   bool any_carried = false;
   for (auto& it : P.items) {
-    it.planned = it.t1 != 0 && !it.pending && it.t1 > it.t0;
+    it.planned = it.t1 != 0 && !it.pending && it.t1 > it.t0 && !it.unrepeated;
     if (it.planned && it.t1 > T && it.t1 - T > it.t0) {  // lives past its own request in the next step
       it.planned = two_steps_fit && it.t1 - it.t0 < 2 * T;
       any_carried = any_carried || it.planned;
@@ -339,6 +349,7 @@ bool pool_resource::impl::plan_build() {
   start = round_up(start, page);
   if (start > a->size || a->size - start < top) return false;
   P.base = a->base + start;
+  P.top = top;
   // Every recorded request of a size, in request order: the n-th request of
   // that size in a later step is the n-th recorded one, planned or not.
   P.by_size.clear();
@@ -363,7 +374,7 @@ block* pool_resource::impl::plan_place(std::size_t size, std::uint32_t slot) {
   auto miss = [&]() -> block* {
     ++ctr.plan_missed;
     P.missed_bytes += size;
-    return nullptr;
+    return opt.plan_repeat < 0.95 ? plan_overflow(size, slot) : nullptr;
   };
   auto list = P.by_size.find(size);
   std::uint32_t& n = P.seen[size];
@@ -372,6 +383,7 @@ block* pool_resource::impl::plan_place(std::size_t size, std::uint32_t slot) {
     return miss();
   }
   auto& item = P.items[list->second[n++]];
+  if (item.unrepeated) return miss();  // a size that changes from step to step (partial plans)
   if (!item.planned) {  // left out of the plan (long-lived, or used by another stream): not a miss
     P.step_bytes -= size;
     return nullptr;
@@ -397,6 +409,26 @@ block* pool_resource::impl::plan_place(std::size_t size, std::uint32_t slot) {
   item.hint[parity] = P.cursor = b;
   ++ctr.plan_placed;
   return b;
+}
+
+// Partial plans: a request the plan has no place for goes past the plan's
+// address space, at the lowest free place there (first fit), so that it
+// never takes a planned place before that place's own request comes.
+// nullptr when none fits there (then it is placed as usual).
+block* pool_resource::impl::plan_overflow(std::size_t size, std::uint32_t slot) {
+  auto& P = plan;
+  detail::arena* a = arenas[1];
+  const std::uintptr_t top = P.base + P.top;
+  block* f = P.cursor && P.cursor->ar == a ? P.cursor : a->first;
+  while (f->prev && f->addr > top) f = f->prev;
+  while (f->next && f->addr + f->size <= top) f = f->next;
+  for (block* x = f; x; x = x->next) {
+    if (!runs_with(x, slot)) continue;
+    const std::uintptr_t at = std::max(x->addr, top);
+    if (x->addr + x->size < at + size) continue;
+    return place(x, at == x->addr ? 0 : at, size, slot);
+  }
+  return nullptr;
 }
 
 }  // namespace vramkit
