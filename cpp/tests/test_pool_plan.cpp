@@ -885,6 +885,7 @@ struct routed_step {
   std::uint8_t tag = 1;
   std::vector<void*> fixed_addresses, routed_addresses;
   std::vector<std::size_t> routed_sizes;
+  int steps = 0;
   held take(std::size_t n) {
     held h{pool.allocate(n), n, tag++};
     if (tag == 0) tag = 1;
@@ -901,10 +902,14 @@ struct routed_step {
     routed_sizes.clear();
     std::vector<held> saved;
     std::uniform_int_distribution<int> tokens(5, 11);
-    for (std::size_t s : {12, 20, 6, 33, 3, 17, 9, 26}) {
+    ++steps;
+    for (std::size_t s : {12, 20, 6, 20, 3, 20, 9, 26}) {
       saved.push_back(take(s * MiB));
       fixed_addresses.push_back(saved.back().p);
-      const std::size_t r = static_cast<std::size_t>(tokens(rng)) * MiB / 2 + 4096 * static_cast<std::size_t>(tokens(rng));
+      std::size_t r = static_cast<std::size_t>(tokens(rng)) * MiB / 2 + 4096 * static_cast<std::size_t>(tokens(rng));
+      // Every third step, the first expert's block has a fixed size by chance
+      // (the recorded step among them), before the fixed blocks of that size.
+      if (routed_sizes.empty() && steps % 3 == 0) r = 20 * MiB;
       saved.push_back(take(r));
       routed_addresses.push_back(saved.back().p);
       routed_sizes.push_back(r);
@@ -920,7 +925,8 @@ struct routed_step {
 TEST(plan_steps, a_partial_plan_holds_the_sizes_that_repeat_and_places_the_others_past_it) {
   // Routed blocks carry about a fifth of each step's bytes: no plan at the
   // default plan_repeat (95 % must repeat); at 0.75 a partial plan of the
-  // fixed sizes, kept step after step, with the routed blocks past its space.
+  // fixed sizes, kept step after step, with the routed blocks past its space,
+  // also in the steps where a routed block has a planned size by chance.
   for (double repeat : {0.95, 0.75}) {
     SCOPED_TRACE(repeat);
     auto dev = std::make_shared<host_page_device>(4 * GiB);

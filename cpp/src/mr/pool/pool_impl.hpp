@@ -253,6 +253,8 @@ struct pool_resource::impl {
     std::unordered_map<std::uintptr_t, std::uint32_t> open;             // recorded blocks not yet freed
     std::unordered_map<std::size_t, std::vector<std::uint32_t>> by_size;  // recorded items of a size, in request order
     std::unordered_map<std::size_t, std::uint32_t> seen;                // this step's requests of each size
+    std::vector<std::size_t> next_sizes;  // partial plans: the sizes of the step after the recorded one, in order
+    std::size_t position = 0;  // partial plans: this planned step's large requests so far
     std::uintptr_t base = 0;
     std::size_t top = 0;      // the plan's bytes from base
     block* cursor = nullptr;  // the block last placed by the plan

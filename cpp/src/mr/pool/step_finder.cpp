@@ -62,6 +62,7 @@ void pool_resource::impl::mark_step_from_program() {
       P.open.clear();
       P.by_size.clear();
       P.seen.clear();
+      P.next_sizes.clear();
       P.cursor = nullptr;
       ctr.plan_bytes = 0;
     }

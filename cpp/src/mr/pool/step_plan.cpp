@@ -17,14 +17,17 @@
 //                   frees are still followed into this step (blocks living
 //                   across the step boundary)
 //   following -> planned: when this step made the recorded step's requests
-//                   again (by size and count, 95 % of its bytes), plan_build
+//                   again (by size and count, plan_repeat of its bytes; a
+//                   partial plan compares the steps request by request and
+//                   lays out only the blocks that came again), plan_build
 //                   lays the recorded blocks out, the step
 //                   being a circle of `length` ticks (two steps when a block
 //                   lives past its own request in the next step: even and
 //                   odd steps then have places of their own); a block never
 //                   freed by now is left out (weights, optimizer state: they
 //                   stay where they are)
-//   planned: each step's misses are counted; more than 5 % of its bytes and
+//   planned: each step's misses are counted; more than 1 - plan_repeat of
+//                   its bytes (5 % at the default) and
 //                   the plan is dropped: after 4, 8, 16, ... 256 steps of rest
 //                   (longer after each drop), recording starts again
 #include <algorithm>
@@ -75,8 +78,11 @@ void pool_resource::impl::mark_step() {
         P.ph = step_plan::phase::warming;
         P.by_size.clear();
         P.seen.clear();
+        P.next_sizes.clear();
       } else {
         P.seen.clear();
+        P.next_sizes.clear();
+        P.position = 0;
         P.odd = !P.odd;
         P.step_bytes = P.missed_bytes = 0;
       }
@@ -139,6 +145,7 @@ void pool_resource::impl::plan_record_start() {
   P.open.clear();
   P.by_size.clear();
   P.seen.clear();
+  P.next_sizes.clear();
   P.cursor = nullptr;
   P.step_bytes = P.missed_bytes = 0;
 }
@@ -156,7 +163,11 @@ void pool_resource::impl::plan_note_alloc(std::uintptr_t addr, std::size_t size)
       P.open[addr] = static_cast<std::uint32_t>(P.items.size() - 1);
     }
     if (P.ph == step_plan::phase::following) {  // the next step's requests, to compare (plan_build)
-      ++P.seen[size];
+      if (opt.plan_repeat < 0.95) {
+        if (P.next_sizes.size() <= step_plan::max_items) P.next_sizes.push_back(size);
+      } else {
+        ++P.seen[size];
+      }
       P.step_bytes += size;
     }
   } catch (...) {
@@ -190,27 +201,27 @@ bool pool_resource::impl::plan_build() {
   const std::uint64_t T = P.length;
   if (P.items.size() > step_plan::max_items) return false;  // the layout's time grows as the square
   // Only steps that repeat: the step after the recorded one must have made the
-  // same requests (by size and count) for at least 95 % of its bytes.
-  {
+  // same requests (by size and count) for at least plan_repeat of its bytes.
+  // A partial plan (plan_repeat below 0.95) compares the two steps request by
+  // request (the k-th with the k-th) and lays out only the recorded blocks
+  // whose request came again, of the same size, at the same place in the order.
+  const bool partial = opt.plan_repeat < 0.95;
+  std::size_t same = 0;
+  if (partial) {
+    for (std::size_t k = 0; k < P.items.size(); ++k) {
+      auto& it = P.items[k];
+      it.unrepeated = k >= P.next_sizes.size() || P.next_sizes[k] != it.size;
+      if (!it.unrepeated) same += it.size;
+    }
+  } else {
     std::unordered_map<std::size_t, std::uint32_t> recorded;
     for (const auto& it : P.items) ++recorded[it.size];
-    std::size_t same = 0;
     for (auto [size, n] : P.seen) {
       auto r = recorded.find(size);
       if (r != recorded.end()) same += static_cast<std::size_t>(std::min(n, r->second)) * size;
     }
-    if (P.step_bytes == 0 || static_cast<double>(same) < opt.plan_repeat * static_cast<double>(P.step_bytes)) return false;
   }
-  // A partial plan (plan_repeat below 0.95): the recorded blocks whose size
-  // did not come again as often in the next step are left out.
-  const bool partial = opt.plan_repeat < 0.95;
-  {
-    std::unordered_map<std::size_t, std::uint32_t> rank;
-    for (auto& it : P.items) {
-      auto s = P.seen.find(it.size);
-      it.unrepeated = partial && (s == P.seen.end() || rank[it.size]++ >= s->second);
-    }
-  }
+  if (P.step_bytes == 0 || static_cast<double>(same) < opt.plan_repeat * static_cast<double>(P.step_bytes)) return false;
   // Kept out: never freed yet (long-lived), living two steps or more, or
   // freed while another stream still used it. A block living more than a
   // step (a step's output kept until the next step has made its own, as
@@ -356,6 +367,8 @@ bool pool_resource::impl::plan_build() {
   for (std::uint32_t k = 0; k < P.items.size(); ++k) P.by_size[P.items[k].size].push_back(k);
   P.open.clear();
   P.seen.clear();
+  P.next_sizes.clear();
+  P.position = 0;
   P.cursor = nullptr;
   P.odd = false;
   P.step_bytes = P.missed_bytes = 0;
@@ -376,14 +389,25 @@ block* pool_resource::impl::plan_place(std::size_t size, std::uint32_t slot) {
     P.missed_bytes += size;
     return opt.plan_repeat < 0.95 ? plan_overflow(size, slot) : nullptr;
   };
-  auto list = P.by_size.find(size);
-  std::uint32_t& n = P.seen[size];
-  if (list == P.by_size.end() || n >= list->second.size()) {
-    ++n;
-    return miss();
+  step_plan::item* found = nullptr;
+  if (opt.plan_repeat < 0.95) {
+    // A partial plan: the k-th large request of the step is the recorded
+    // step's k-th, when of the same size. Sizes that change from step to
+    // step may meet a planned size by chance; matched by rank in their size,
+    // one such would shift every later request of that size off its place.
+    const std::size_t k = P.position++;
+    if (k >= P.items.size() || P.items[k].size != size || P.items[k].unrepeated) return miss();
+    found = &P.items[k];
+  } else {
+    auto list = P.by_size.find(size);
+    std::uint32_t& n = P.seen[size];
+    if (list == P.by_size.end() || n >= list->second.size()) {
+      ++n;
+      return miss();
+    }
+    found = &P.items[list->second[n++]];
   }
-  auto& item = P.items[list->second[n++]];
-  if (item.unrepeated) return miss();  // a size that changes from step to step (partial plans)
+  auto& item = *found;
   if (!item.planned) {  // left out of the plan (long-lived, or used by another stream): not a miss
     P.step_bytes -= size;
     return nullptr;
