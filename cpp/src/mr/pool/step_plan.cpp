@@ -362,9 +362,11 @@ bool pool_resource::impl::plan_build() {
   P.base = a->base + start;
   P.top = top;
   // Every recorded request of a size, in request order: the n-th request of
-  // that size in a later step is the n-th recorded one, planned or not.
+  // that size in a later step is the n-th recorded one, planned or not (a
+  // partial plan goes by place in the order instead).
   P.by_size.clear();
-  for (std::uint32_t k = 0; k < P.items.size(); ++k) P.by_size[P.items[k].size].push_back(k);
+  if (!partial)
+    for (std::uint32_t k = 0; k < P.items.size(); ++k) P.by_size[P.items[k].size].push_back(k);
   P.open.clear();
   P.seen.clear();
   P.next_sizes.clear();
