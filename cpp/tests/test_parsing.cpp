@@ -150,23 +150,3 @@ TEST(Parsing, MessagesNameTheOptionAndTheirSource) {
   }
   if (old) ::setenv("VRAMKIT_ALLOC_CONF", saved.c_str(), 1); else ::unsetenv("VRAMKIT_ALLOC_CONF");
 }
-
-TEST(Parsing, PlanRepeatIsAShareBetweenAHalfAndOne) {
-  pool_options o;
-  EXPECT_DOUBLE_EQ(o.plan_repeat, 0.95);
-  o.parse("plan_repeat:0.8");
-  EXPECT_DOUBLE_EQ(o.plan_repeat, 0.8);
-  EXPECT_NE(o.to_string().find("plan_repeat:0.8000"), std::string::npos) << o.to_string();
-  pool_options back;
-  back.parse(o.to_string());
-  EXPECT_DOUBLE_EQ(back.plan_repeat, 0.8);
-  for (const char* bad : {"plan_repeat:0.4", "plan_repeat:1.01", "plan_repeat:80%", "plan_repeat:", "plan_repeat:-1"}) {
-    try {
-      o.parse(bad);
-      ADD_FAILURE() << bad << " was accepted";
-    } catch (const invalid_argument& e) {
-      EXPECT_NE(std::string(e.what()).find("plan_repeat"), std::string::npos) << bad << ": " << e.what();
-    }
-  }
-  EXPECT_DOUBLE_EQ(o.plan_repeat, 0.8);  // nothing changed
-}

@@ -115,17 +115,6 @@ struct pool_options {
   // pair on MoE"). A program that never marks is the pool without it until
   // the pool finds its steps itself.
   bool plan_steps = true;
-  // With plan_steps: the share of a step's large bytes that must come again
-  // in the next step for a plan to be made, and be placed where the plan put
-  // them in each planned step for it to be kept. Below 0.95 the plan is
-  // partial (for steps whose order repeats while some sizes change, as a
-  // mixture-of-experts layer's routed blocks do): the two steps are compared
-  // request by request, only the recorded blocks whose request came again at
-  // the same place in the order, of the same size, are laid out, a later
-  // step's k-th large request takes the k-th recorded block's place when it
-  // has that size, and every other request goes past the plan's address
-  // space (the lowest free place there), never onto a planned place.
-  double plan_repeat = 0.95;
   // fit:address (true) or fit:best (false, the default): which backed free
   // block a large request (over small_threshold) takes when several fit. Best
   // takes the tightest; address takes an exact fit, else the lowest-addressed

@@ -246,17 +246,13 @@ struct pool_resource::impl {
       std::size_t off_odd = 0;       // planned offset in odd steps (two_steps)
       bool planned = false;
       bool pending = false;   // freed while another stream still used it
-      bool unrepeated = false;  // partial plans: its size did not come again in the next step
       block* hint[2] = {nullptr, nullptr};  // the block last placed at off / off_odd (checked before use: it may be gone)
     };
     std::vector<item> items;
     std::unordered_map<std::uintptr_t, std::uint32_t> open;             // recorded blocks not yet freed
     std::unordered_map<std::size_t, std::vector<std::uint32_t>> by_size;  // recorded items of a size, in request order
     std::unordered_map<std::size_t, std::uint32_t> seen;                // this step's requests of each size
-    std::vector<std::size_t> next_sizes;  // partial plans: the sizes of the step after the recorded one, in order
-    std::size_t position = 0;  // partial plans: this planned step's large requests so far
     std::uintptr_t base = 0;
-    std::size_t top = 0;      // the plan's bytes from base
     block* cursor = nullptr;  // the block last placed by the plan
     bool two_steps = false;   // laid out over two steps (a block is carried): odd steps take off_odd
     bool odd = false;         // this planned step is odd
@@ -289,7 +285,6 @@ struct pool_resource::impl {
   void plan_note_alloc(std::uintptr_t addr, std::size_t size) noexcept;
   void plan_note_free(std::uintptr_t addr, bool pending) noexcept;
   block* plan_place(std::size_t size, std::uint32_t slot);
-  block* plan_overflow(std::size_t size, std::uint32_t slot);
 
   // ---- release (release.cpp) ---------------------------------------------
   void destroy_spares();

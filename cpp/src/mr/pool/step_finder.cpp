@@ -62,7 +62,6 @@ void pool_resource::impl::mark_step_from_program() {
       P.open.clear();
       P.by_size.clear();
       P.seen.clear();
-      P.next_sizes.clear();
       P.cursor = nullptr;
       ctr.plan_bytes = 0;
     }

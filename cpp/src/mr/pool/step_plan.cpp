@@ -17,17 +17,14 @@
 //                   frees are still followed into this step (blocks living
 //                   across the step boundary)
 //   following -> planned: when this step made the recorded step's requests
-//                   again (by size and count, plan_repeat of its bytes; a
-//                   partial plan compares the steps request by request and
-//                   lays out only the blocks that came again), plan_build
+//                   again (by size and count, 95 % of its bytes), plan_build
 //                   lays the recorded blocks out, the step
 //                   being a circle of `length` ticks (two steps when a block
 //                   lives past its own request in the next step: even and
 //                   odd steps then have places of their own); a block never
 //                   freed by now is left out (weights, optimizer state: they
 //                   stay where they are)
-//   planned: each step's misses are counted; more than 1 - plan_repeat of
-//                   its bytes (5 % at the default) and
+//   planned: each step's misses are counted; more than 5 % of its bytes and
 //                   the plan is dropped: after 4, 8, 16, ... 256 steps of rest
 //                   (longer after each drop), recording starts again
 #include <algorithm>
@@ -68,7 +65,7 @@ void pool_resource::impl::mark_step() {
       }
       break;
     case step_plan::phase::planned:
-      if (static_cast<double>(P.missed_bytes) > (1 - opt.plan_repeat) * static_cast<double>(P.step_bytes)) {
+      if (P.missed_bytes * 20 > P.step_bytes) {
         // Each plan made moves the step's pages once: after a drop, rest 4,
         // 8, 16, ... up to 256 steps before recording again, so that steps
         // that keep changing do not pay for a new plan every few steps.
@@ -78,11 +75,8 @@ void pool_resource::impl::mark_step() {
         P.ph = step_plan::phase::warming;
         P.by_size.clear();
         P.seen.clear();
-        P.next_sizes.clear();
       } else {
         P.seen.clear();
-        P.next_sizes.clear();
-        P.position = 0;
         P.odd = !P.odd;
         P.step_bytes = P.missed_bytes = 0;
       }
@@ -145,7 +139,6 @@ void pool_resource::impl::plan_record_start() {
   P.open.clear();
   P.by_size.clear();
   P.seen.clear();
-  P.next_sizes.clear();
   P.cursor = nullptr;
   P.step_bytes = P.missed_bytes = 0;
 }
@@ -163,11 +156,7 @@ void pool_resource::impl::plan_note_alloc(std::uintptr_t addr, std::size_t size)
       P.open[addr] = static_cast<std::uint32_t>(P.items.size() - 1);
     }
     if (P.ph == step_plan::phase::following) {  // the next step's requests, to compare (plan_build)
-      if (opt.plan_repeat < 0.95) {
-        if (P.next_sizes.size() <= step_plan::max_items) P.next_sizes.push_back(size);
-      } else {
-        ++P.seen[size];
-      }
+      ++P.seen[size];
       P.step_bytes += size;
     }
   } catch (...) {
@@ -201,27 +190,17 @@ bool pool_resource::impl::plan_build() {
   const std::uint64_t T = P.length;
   if (P.items.size() > step_plan::max_items) return false;  // the layout's time grows as the square
   // Only steps that repeat: the step after the recorded one must have made the
-  // same requests (by size and count) for at least plan_repeat of its bytes.
-  // A partial plan (plan_repeat below 0.95) compares the two steps request by
-  // request (the k-th with the k-th) and lays out only the recorded blocks
-  // whose request came again, of the same size, at the same place in the order.
-  const bool partial = opt.plan_repeat < 0.95;
-  std::size_t same = 0;
-  if (partial) {
-    for (std::size_t k = 0; k < P.items.size(); ++k) {
-      auto& it = P.items[k];
-      it.unrepeated = k >= P.next_sizes.size() || P.next_sizes[k] != it.size;
-      if (!it.unrepeated) same += it.size;
-    }
-  } else {
+  // same requests (by size and count) for at least 95 % of its bytes.
+  {
     std::unordered_map<std::size_t, std::uint32_t> recorded;
     for (const auto& it : P.items) ++recorded[it.size];
+    std::size_t same = 0;
     for (auto [size, n] : P.seen) {
       auto r = recorded.find(size);
       if (r != recorded.end()) same += static_cast<std::size_t>(std::min(n, r->second)) * size;
     }
+    if (P.step_bytes == 0 || same * 20 < P.step_bytes * 19) return false;
   }
-  if (P.step_bytes == 0 || static_cast<double>(same) < opt.plan_repeat * static_cast<double>(P.step_bytes)) return false;
   // Kept out: never freed yet (long-lived), living two steps or more, or
   // freed while another stream still used it. A block living more than a
   // step (a step's output kept until the next step has made its own, as
@@ -234,7 +213,7 @@ bool pool_resource::impl::plan_build() {
   const bool two_steps_fit = 2 * P.items.size() <= step_plan::max_items;
   bool any_carried = false;
   for (auto& it : P.items) {
-    it.planned = it.t1 != 0 && !it.pending && it.t1 > it.t0 && !it.unrepeated;
+    it.planned = it.t1 != 0 && !it.pending && it.t1 > it.t0;
     if (it.planned && it.t1 > T && it.t1 - T > it.t0) {  // lives past its own request in the next step
       it.planned = two_steps_fit && it.t1 - it.t0 < 2 * T;
       any_carried = any_carried || it.planned;
@@ -360,17 +339,12 @@ bool pool_resource::impl::plan_build() {
   start = round_up(start, page);
   if (start > a->size || a->size - start < top) return false;
   P.base = a->base + start;
-  P.top = top;
   // Every recorded request of a size, in request order: the n-th request of
-  // that size in a later step is the n-th recorded one, planned or not (a
-  // partial plan goes by place in the order instead).
+  // that size in a later step is the n-th recorded one, planned or not.
   P.by_size.clear();
-  if (!partial)
-    for (std::uint32_t k = 0; k < P.items.size(); ++k) P.by_size[P.items[k].size].push_back(k);
+  for (std::uint32_t k = 0; k < P.items.size(); ++k) P.by_size[P.items[k].size].push_back(k);
   P.open.clear();
   P.seen.clear();
-  P.next_sizes.clear();
-  P.position = 0;
   P.cursor = nullptr;
   P.odd = false;
   P.step_bytes = P.missed_bytes = 0;
@@ -389,27 +363,15 @@ block* pool_resource::impl::plan_place(std::size_t size, std::uint32_t slot) {
   auto miss = [&]() -> block* {
     ++ctr.plan_missed;
     P.missed_bytes += size;
-    return opt.plan_repeat < 0.95 ? plan_overflow(size, slot) : nullptr;
+    return nullptr;
   };
-  step_plan::item* found = nullptr;
-  if (opt.plan_repeat < 0.95) {
-    // A partial plan: the k-th large request of the step is the recorded
-    // step's k-th, when of the same size. Sizes that change from step to
-    // step may meet a planned size by chance; matched by rank in their size,
-    // one such would shift every later request of that size off its place.
-    const std::size_t k = P.position++;
-    if (k >= P.items.size() || P.items[k].size != size || P.items[k].unrepeated) return miss();
-    found = &P.items[k];
-  } else {
-    auto list = P.by_size.find(size);
-    std::uint32_t& n = P.seen[size];
-    if (list == P.by_size.end() || n >= list->second.size()) {
-      ++n;
-      return miss();
-    }
-    found = &P.items[list->second[n++]];
+  auto list = P.by_size.find(size);
+  std::uint32_t& n = P.seen[size];
+  if (list == P.by_size.end() || n >= list->second.size()) {
+    ++n;
+    return miss();
   }
-  auto& item = *found;
+  auto& item = P.items[list->second[n++]];
   if (!item.planned) {  // left out of the plan (long-lived, or used by another stream): not a miss
     P.step_bytes -= size;
     return nullptr;
@@ -435,26 +397,6 @@ block* pool_resource::impl::plan_place(std::size_t size, std::uint32_t slot) {
   item.hint[parity] = P.cursor = b;
   ++ctr.plan_placed;
   return b;
-}
-
-// Partial plans: a request the plan has no place for goes past the plan's
-// address space, at the lowest free place there (first fit), so that it
-// never takes a planned place before that place's own request comes.
-// nullptr when none fits there (then it is placed as usual).
-block* pool_resource::impl::plan_overflow(std::size_t size, std::uint32_t slot) {
-  auto& P = plan;
-  detail::arena* a = arenas[1];
-  const std::uintptr_t top = P.base + P.top;
-  block* f = P.cursor && P.cursor->ar == a ? P.cursor : a->first;
-  while (f->prev && f->addr > top) f = f->prev;
-  while (f->next && f->addr + f->size <= top) f = f->next;
-  for (block* x = f; x; x = x->next) {
-    if (!runs_with(x, slot)) continue;
-    const std::uintptr_t at = std::max(x->addr, top);
-    if (x->addr + x->size < at + size) continue;
-    return place(x, at == x->addr ? 0 : at, size, slot);
-  }
-  return nullptr;
 }
 
 }  // namespace vramkit
