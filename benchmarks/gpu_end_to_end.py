@@ -447,6 +447,10 @@ def main(argv=None) -> int:
     if shares:  # kernels streaming over 2 MiB handles run slower than over large ones (BENCHMARKS 5)
         print("\nvramkit pools' mapped pages in chunks at the end of a run (median %): "
               + ", ".join(f"{w} {al} {x:.0f}" for w, al, x in shares))
+    plans = [r for r in doc["summary"] if r.get("plans")]
+    if plans:  # a plan dropped and made again moves the step's pages each time
+        print("\nvramkit pools' step plans made / dropped, each repeat: " + ", ".join(
+            f"{r['workload']} {r['allocator']} " + " ".join(f"{m}/{d}" for m, d in r["plans"]) for r in plans))
     calls = [r for r in doc["summary"] if r.get("page_calls_cold_ms") is not None]
     if calls:  # what the driver's page calls cost inside the steps (median over the repeats)
         print("\nvramkit pools' time in page calls (create, map, unmap, destroy), first step / warm step median"

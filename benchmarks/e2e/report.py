@@ -144,6 +144,15 @@ def chunk_share(run: dict) -> float | None:
     return 100.0 * u.get("in_chunks", 0) / mapped if mapped else None
 
 
+def plan_counts(run: dict) -> tuple[int, int] | None:
+    """A vramkit pool's step plans over a run, (made, dropped), from its counters; None without
+    them (PyTorch's allocators). A plan dropped and made again moves the step's pages each time."""
+    st = run.get("allocator_stats")
+    if not isinstance(st, dict) or not isinstance(st.get("pool.plans_made"), (int, float)):
+        return None
+    return int(st["pool.plans_made"]), int(st.get("pool.plans_dropped") or 0)
+
+
 PAGE_CALL_KEYS = ("page_create_ns", "page_map_ns", "page_unmap_ns", "page_destroy_ns")
 
 
@@ -228,6 +237,8 @@ def summarize(runs: list[dict], workloads: list[str], allocators: list[str]) -> 
             row["spread_warm_pct"] = _spread([r.get("warm_ms") for r in good])
             row["warm_min_ms"], row["warm_total_min_ms"] = step_minimum(good)
             row["in_chunks_pct"] = _median_or_none([chunk_share(r) for r in good])
+            plans = [c for c in (plan_counts(r) for r in sorted(good, key=lambda r: r.get("repeat", 0))) if c]
+            row["plans"] = [list(c) for c in plans] if plans else None  # (made, dropped) per repeat
             calls = [page_call_ms(r) for r in good]
             row["page_calls_cold_ms"] = _median_or_none([c[0] for c in calls])
             row["page_calls_warm_ms"] = _median_or_none([c[1] for c in calls])

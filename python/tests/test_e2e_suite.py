@@ -234,6 +234,20 @@ def test_share_of_pages_in_chunks():
     assert rows["default"]["in_chunks_pct"] is None
 
 
+def test_step_plans_made_and_dropped_per_repeat():
+    runs = [_run("m", "default", 10.0, 150, 200), _run("m", "vramkit", 9.9, 110, 160, rep=1),
+            _run("m", "vramkit", 11.0, 132, 170), _run("m", "vramkit", 10.0, 120, 165, rep=2)]
+    runs[0]["allocator_stats"] = {"num_ooms": 0}  # PyTorch's counters: no plans
+    runs[1]["allocator_stats"] = {"pool.plans_made": 2, "pool.plans_dropped": 1}
+    runs[2]["allocator_stats"] = {"pool.plans_made": 1, "pool.plans_dropped": 0}
+    runs[3]["allocator_stats"] = {"pool.plans_made": 0.0}
+    assert report.plan_counts(runs[1]) == (2, 1) and report.plan_counts(runs[3]) == (0, 0)
+    assert report.plan_counts(runs[0]) is None and report.plan_counts({"workload": "m"}) is None
+    rows = {r["allocator"]: r for r in report.summarize(runs, ["m"], ["default", "vramkit"])}
+    assert rows["vramkit"]["plans"] == [[1, 0], [2, 1], [0, 0]]  # in repeat order
+    assert rows["default"]["plans"] is None
+
+
 def test_time_in_page_calls_first_step_and_warm_median():
     """The pool's page-call times per step (ns, from pool_counters): the first step's sum and the
     median over the warm steps, in ms; medians over the repeats; nothing for runs without them."""
