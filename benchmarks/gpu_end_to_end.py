@@ -462,6 +462,10 @@ def main(argv=None) -> int:
             if r.get("cold_ms") and r.get("warm_ms"):
                 line += f"   (steps: cold {r['cold_ms']:.0f} ms, warm {r['warm_ms']:.1f} ms)"
             print(line)
+    noise = report.noise_text(doc["summary"])
+    if noise:  # how often the warm test fails an allocator against two of equal speed
+        print("\nthe warm-step test applied to each allocator in turn: its median warm step over the faster of the"
+              " other two's\n" + noise)
     steps = report.steps_text(doc["summary"])
     if steps:  # a steady lead smaller than the runs' spread shows here
         print("\neach warm step against PyTorch default's (medians over the repeats of each step): the median "

@@ -248,6 +248,28 @@ def test_step_plans_made_and_dropped_per_repeat():
     assert rows["default"]["plans"] is None
 
 
+def test_warm_test_applied_to_each_allocator_in_turn():
+    """Each of the three allocators' median warm step over the faster of the other two's, and how
+    many workloads each would pass; nothing for a workload that lacks one of the three."""
+    runs = [_run("a", "default", 10.0, 150, 200), _run("a", "default", 12.0, 150, 200, rep=1),
+            _run("a", "expandable", 10.5, 120, 170), _run("a", "vramkit", 11.5, 110, 160),
+            _run("b", "default", 20.0, 150, 200), _run("b", "expandable", 18.0, 120, 170),
+            _run("b", "vramkit", 19.0, 110, 160), _run("c", "default", 5.0, 150, 200),
+            _run("c", "vramkit", 4.0, 110, 160)]
+    rows = {(r["workload"], r["allocator"]): r
+            for r in report.summarize(runs, ["a", "b", "c"], ["default", "expandable", "vramkit"])}
+    assert rows[("a", "default")]["warm_ms_vs_others"] == pytest.approx(11.0 / 10.5)
+    assert rows[("a", "expandable")]["warm_ms_vs_others"] == pytest.approx(10.5 / 11.0)
+    assert rows[("a", "vramkit")]["warm_ms_vs_others"] == pytest.approx(11.5 / 10.5)
+    assert rows[("b", "expandable")]["warm_ms_vs_others"] == pytest.approx(18.0 / 19.0)
+    assert rows[("c", "vramkit")]["warm_ms_vs_others"] is None  # no expandable run on c
+    text = report.noise_text(list(rows.values()))
+    assert "a          default 1.048  expandable 0.955  vramkit 1.095" in text
+    assert "c " not in text
+    assert text.splitlines()[-1] == "  at or under 1.00: default 0 of 2, expandable 2 of 2, vramkit 0 of 2"
+    assert report.noise_text([rows[("c", "vramkit")]]) == ""
+
+
 def test_time_in_page_calls_first_step_and_warm_median():
     """The pool's page-call times per step (ns, from pool_counters): the first step's sum and the
     median over the warm steps, in ms; medians over the repeats; nothing for runs without them."""
