@@ -186,6 +186,133 @@ std::size_t pool_resource::impl::give_back_chunk(detail::arena* a, std::size_t c
   return n;
 }
 
+// plan_chunk_size: when a plan is made, its address space in chunks. A plan's
+// places never move, so chunks there pin nothing the plan wants elsewhere;
+// the step that follows then finds its pages mapped (no page moves in it
+// beyond the space's ends), and kernels over the plan's memory run over a
+// handle per chunk rather than per page. Only free memory of the shared slot
+// (known done on the GPU) is touched, without waiting: the single pages
+// mapped in each chunk-aligned place wholly inside the space go back to the
+// device, and so do free pages elsewhere, until the chunks fit within the
+// growth slack (the pool then holds no more than before). A place with a
+// chunk, a page made ahead, a kept mapping, a page taken early, or memory of
+// another stream is left as it is. Returns the chunks made.
+std::size_t pool_resource::impl::plan_map_chunks() {
+  if (!opt.plan_chunk_size || chunk < 2) return 0;
+  detail::arena* a = arenas[1];
+  if (a->chunk_bits.empty() || !plan.base) return 0;
+  // The streams' frees so far are waited for once (not while one is being
+  // captured: then only what is known done), so that the space is free on
+  // the GPU too.
+  bool wait = true;
+  for (std::uint32_t i = 1; wait && i < slots.size(); ++i)
+    if (streams->capturing(slots[i].stream)) wait = false;
+  try {
+    reclaim_streams(wait);
+  } catch (...) {  // an event call failed: what is known done
+    reclaim_streams(false);
+  }
+  const std::size_t s = (plan.base - a->base) / page;
+  const std::size_t e = std::min(s + ctr.plan_bytes / page, a->size / page);
+  // The free blocks over the space, in address order (every block there is
+  // free: the space begins past every live or pending block).
+  std::vector<block*> over;
+  for (block* x = a->first; x; x = x->next)
+    if (x->addr + x->size > a->base + s * page && x->addr < a->base + e * page) over.push_back(x);
+  auto shared_free = [&](std::size_t c) {  // the place [c, c+chunk) lies in free shared blocks
+    const std::uintptr_t lo = a->base + c * page, hi = lo + chunk * page;
+    for (const block* x : over)
+      if (x->addr < hi && x->addr + x->size > lo && (x->state != block::free_state || x->slot != 0)) return false;
+    return true;
+  };
+  std::vector<std::size_t> places;
+  for (std::size_t c = round_up(s, chunk); c + chunk <= e; c += chunk) {
+    bool ok = shared_free(c) && !(inflight.active && inflight.a == a && c < inflight.first + inflight.count &&
+                                  inflight.first < c + chunk);
+    for (std::size_t p = c; ok && p < c + chunk; ++p)
+      ok = !a->in_chunk(p) && !a->ahead(p) && !(a->mapped(p) && !a->early.empty() && a->early[p]);
+    if (ok) places.push_back(c);
+  }
+  if (places.empty()) return 0;
+  // The single pages mapped there go back to the device.
+  std::vector<page_handle> hs;
+  {
+    std::size_t n = 0;
+    for (std::size_t c : places)
+      for (std::size_t p = c; p < c + chunk; ++p) n += a->mapped(p);
+    hs.reserve(std::max(n, chunk));  // nothing below may fail once pages start to move
+  }
+  for (std::size_t c : places)
+    for (std::size_t p = c; p < c + chunk;) {
+      if (!a->mapped(p) && a->phys[p]) {  // mappings kept of pages now elsewhere: undone
+        std::size_t q = p;
+        while (q < c + chunk && !a->mapped(q) && a->phys[q]) ++q;
+        try {
+          settle_early(a, p, q);
+        } catch (...) {  // the device failed: nothing waits on it any more
+          forget_early(a, p, q);
+        }
+        pages->unmap(a->base + p * page, q - p);
+        for (std::size_t r = p; r < q; ++r) a->phys[r] = 0;
+        stale -= q - p;
+        ctr.pages_unmapped += q - p;
+        p = q;
+        continue;
+      }
+      if (!a->mapped(p)) {
+        ++p;
+        continue;
+      }
+      std::size_t q = p;
+      while (q < c + chunk && a->mapped(q)) ++q;
+      pages->unmap(a->base + p * page, q - p);
+      for (std::size_t r = p; r < q; ++r) {
+        hs.push_back(a->handles[r]);
+        a->handles[r] = 0;
+        a->phys[r] = 0;
+        a->set_mapped(r, false);
+      }
+      ctr.pages_unmapped += q - p;
+      p = q;
+    }
+  auto destroyed = [&](std::size_t k) {
+    reserved -= k * page;
+    ctr.pages_destroyed += k;
+    st.upstream_frees += k;
+    st.upstream_free_bytes += k * page;
+  };
+  drop_pages(hs);
+  destroyed(hs.size());
+  for (block* x : over)
+    if (x->state == block::free_state) recount_free(x);
+  // Room for the chunks: spare pages first, then free pages of the shared
+  // slot elsewhere (a chunk met there goes back whole).
+  const std::size_t want = places.size() * chunk * page;
+  if (!may_grow_by(want, want, peak_live)) destroy_spares();
+  while (!may_grow_by(want, want, peak_live)) {
+    hs.clear();
+    const std::size_t k = steal(0, chunk, hs);
+    if (k == 0) break;
+    if (hs.empty()) continue;  // a chunk went back (steal counted it)
+    ctr.pages_remapped -= hs.size();
+    drop_pages(hs);
+    destroyed(hs.size());
+  }
+  std::size_t made = 0;
+  for (std::size_t c : places) {
+    if (!may_grow_by(chunk * page, chunk * page, peak_live)) break;
+    try {
+      if (!make_chunk_at(a, c, chunk)) break;
+    } catch (...) {  // the device failed to map it: the rest stays single pages
+      break;
+    }
+    ++made;
+  }
+  for (block* x : over)
+    if (x->state == block::free_state) recount_free(x);
+  return made;
+}
+
 // Gives back the chunks a backing that did not complete made.
 void pool_resource::impl::undo_chunks(detail::arena* a, const std::vector<std::size_t>& made) noexcept {
   for (std::size_t c : made) give_back_chunk(a, c);

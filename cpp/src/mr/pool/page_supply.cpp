@@ -51,10 +51,14 @@ page_handle pool_resource::impl::create_page() {
 // block's work may not be done), it takes single pages only, their kept
 // mappings carrying the mark.
 std::size_t pool_resource::impl::steal(std::uint32_t slot, std::size_t want, std::vector<page_handle>& out,
-                                       std::uint32_t mark) {
+                                       std::uint32_t mark, bool trim) {
   auto& s = slots[slot];
   block* b = s.steal_head;
   if (!b || want == 0) return 0;
+  // plan_chunk_size: the chunks of a plan's space stay while the plan does
+  // (a trim still takes them).
+  const auto plan_pages = trim ? std::pair<std::size_t, std::size_t>{0, 0} : plan_chunk_pages();
+  const std::size_t plo = plan_pages.first, phi = plan_pages.second;
   // The highest page of a free block that may move: mapped, and not in a
   // chunk that reaches outside the block (lo when none is; the caller checks).
   // (A chunk cannot be given back under work that may still use it.)
@@ -63,7 +67,13 @@ std::size_t pool_resource::impl::steal(std::uint32_t slot, std::size_t want, std
     if (xa->chunk_bits.empty() || !chunk_pages) return last_mapped_page(xa, lo, hi - 1);
     if (xa->top <= lo) return lo;
     const auto inside = chunks_inside(xa, lo, hi);  // chunk pages there: chunks wholly inside
-    const std::size_t clo = inside.first, chi = inside.second;
+    std::size_t clo = inside.first, chi = inside.second;
+    if (xa == arenas[1] && clo < phi && plo < chi) {  // no chunk of the plan's space
+      if (clo < plo)
+        chi = plo;
+      else
+        clo = chi;
+    }
     return detail::last_page_where(lo, detail::below_top(xa, hi - 1), [&](std::size_t w) {
       return xa->mapped_bits[w] & ~(xa->chunk_bits[w] & (mark ? ~std::uint64_t{0} : ~detail::word_range(w, clo, chi)));
     });
@@ -72,7 +82,7 @@ std::size_t pool_resource::impl::steal(std::uint32_t slot, std::size_t want, std
     if (!xa->mapped(p)) return false;
     if (!xa->in_chunk(p)) return true;
     const auto [c, k] = chunk_span(xa, p);
-    return !mark && c >= lo && c + k <= hi;
+    return !mark && c >= lo && c + k <= hi && !(xa == arenas[1] && c < phi && plo < c + k);
   };
   std::size_t lo = 0, hi = 0, p = 0;
   auto try_block = [&](const block* x) {
