@@ -247,15 +247,7 @@ std::size_t pool_resource::impl::plan_map_chunks() {
       if (!a->mapped(p) && a->phys[p]) {  // mappings kept of pages now elsewhere: undone
         std::size_t q = p;
         while (q < c + chunk && !a->mapped(q) && a->phys[q]) ++q;
-        try {
-          settle_early(a, p, q);
-        } catch (...) {  // the device failed: nothing waits on it any more
-          forget_early(a, p, q);
-        }
-        pages->unmap(a->base + p * page, q - p);
-        for (std::size_t r = p; r < q; ++r) a->phys[r] = 0;
-        stale -= q - p;
-        ctr.pages_unmapped += q - p;
+        unmap_kept(a, p, q);
         p = q;
         continue;
       }

@@ -167,6 +167,20 @@ std::size_t pool_resource::impl::steal(std::uint32_t slot, std::size_t want, std
   return k;
 }
 
+// Undoes the kept mappings of [p, e) of arena a (pages now in use elsewhere
+// or given back), once the work of any early mark on them is done.
+void pool_resource::impl::unmap_kept(detail::arena* a, std::size_t p, std::size_t e) noexcept {
+  try {
+    settle_early(a, p, e);
+  } catch (...) {  // the device failed: nothing waits on it any more
+    forget_early(a, p, e);
+  }
+  pages->unmap(a->base + p * page, e - p);
+  for (std::size_t q = p; q < e; ++q) a->phys[q] = 0;
+  stale -= e - p;
+  ctr.pages_unmapped += e - p;
+}
+
 // Destroys pages given back to the device, unmapping first the stale
 // mappings they keep (a page's memory is freed only once it is mapped
 // nowhere).
@@ -188,15 +202,7 @@ void pool_resource::impl::drop_pages(const std::vector<page_handle>& hs) noexcep
         }
         std::size_t e = p;
         while (e < a->top && kept(a, e)) ++e;
-        try {
-          settle_early(a, p, e);
-        } catch (...) {  // the device failed: nothing waits on it any more
-          forget_early(a, p, e);
-        }
-        pages->unmap(a->base + p * page, e - p);
-        for (std::size_t q = p; q < e; ++q) a->phys[q] = 0;
-        stale -= e - p;
-        ctr.pages_unmapped += e - p;
+        unmap_kept(a, p, e);
         p = e;
       }
     }

@@ -164,6 +164,7 @@ struct pool_resource::impl {
   void close_early(std::uint32_t m) noexcept;
   bool early_known_done(std::uint32_t m) const;
   void settle_early(detail::arena* a, std::size_t p, std::size_t e);
+  void unmap_kept(detail::arena* a, std::size_t p, std::size_t e) noexcept;
   void forget_early(detail::arena* a, std::size_t p, std::size_t e) noexcept;
   void poll_early() noexcept;
 
