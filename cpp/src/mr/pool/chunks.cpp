@@ -190,13 +190,13 @@ std::size_t pool_resource::impl::give_back_chunk(detail::arena* a, std::size_t c
 // places never move, so chunks there pin nothing the plan wants elsewhere;
 // the step that follows then finds its pages mapped (no page moves in it
 // beyond the space's ends), and kernels over the plan's memory run over a
-// handle per chunk rather than per page. Only free memory of the shared slot
-// (known done on the GPU) is touched, without waiting: the single pages
-// mapped in each chunk-aligned place wholly inside the space go back to the
-// device, and so do free pages elsewhere, until the chunks fit within the
-// growth slack (the pool then holds no more than before). A place with a
-// chunk, a page made ahead, a kept mapping, a page taken early, or memory of
-// another stream is left as it is. Returns the chunks made.
+// handle per chunk rather than per page. The streams' frees so far are waited
+// for once, and only free memory of the shared slot is touched: the single
+// pages mapped in each chunk-aligned place wholly inside the space go back to
+// the device (mappings kept there of pages now elsewhere are undone), and so
+// do free pages elsewhere, until the chunks fit within the growth slack (the
+// pool then holds no more than before). A place with a chunk, a page made
+// ahead, or memory of another stream is left as it is. Returns the chunks made.
 std::size_t pool_resource::impl::plan_map_chunks() {
   if (!opt.plan_chunk_size || chunk < 2) return 0;
   detail::arena* a = arenas[1];

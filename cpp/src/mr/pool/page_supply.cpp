@@ -49,7 +49,8 @@ page_handle pool_resource::impl::create_page() {
 // chunk back instead and returns its page count (out unchanged: the room it
 // frees lets the caller create pages). With an early mark (remap_own: the
 // block's work may not be done), it takes single pages only, their kept
-// mappings carrying the mark.
+// mappings carrying the mark. The chunks of a followed plan's space
+// (plan_chunk_size) are passed over unless this is a trim.
 std::size_t pool_resource::impl::steal(std::uint32_t slot, std::size_t want, std::vector<page_handle>& out,
                                        std::uint32_t mark, bool trim) {
   auto& s = slots[slot];
