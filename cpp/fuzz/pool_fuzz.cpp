@@ -44,7 +44,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   // Chunks of 16, 8 and 4 MiB (chunk_min_size) from the last byte's second bit.
   if (size > 1 && (data[size - 1] & 2)) o.chunk_min_size = std::size_t{4} << 20;
   o.fit_address = size > 1 && (data[size - 1] & 4);  // fit:address from its third bit
-  if (size > 1 && (data[size - 1] & 8)) o.plan_chunk_size = std::size_t{8} << 20;  // plans' space in chunks: fourth bit
   pool_resource pool(dev, gpu, o);
   struct live { std::uint8_t* p; std::size_t n; stream_t s; std::uint8_t tag; };
   std::vector<live> v;

@@ -99,11 +99,9 @@ struct program {
   }
 };
 
-// plan_chunk: the plans' space in chunks of this many bytes (plan_chunk_size).
-pool_options planned(std::size_t plan_chunk = 0) {
+pool_options planned() {
   pool_options o;
   o.plan_steps = true;
-  o.plan_chunk_size = plan_chunk;
   return o;
 }
 
@@ -228,18 +226,11 @@ TEST(plan_steps, an_output_kept_into_the_next_step_takes_two_places_in_turn) {
 }
 
 TEST(plan_steps, a_step_that_differs_drops_the_plan_and_records_again) {
-  // With single pages, and with the plan's space in chunks (plan_chunk_size):
-  // a dropped plan's chunks lying in free memory go back as memory must move.
-  for (std::size_t plan_chunk : {std::size_t{0}, 8 * MiB}) {
-  SCOPED_TRACE(plan_chunk);
-  auto dev = std::make_shared<host_page_device>(4 * GiB);
-  pool_options o = planned(plan_chunk);
-  pool_resource pool(dev, nullptr, o);
-  program prog{pool};
-  prog.setup();
+  planned_program t;
+  auto& pool = t.pool;
+  auto& prog = t.prog;
   run_steps(pool, prog, 5);
   ASSERT_EQ(pool.counters().plans_made, 1u);
-  if (plan_chunk) ASSERT_GT(pool.counters().chunks_created, 0u);
   // New shapes: every activation misses its place (they have other sizes).
   // The plan is dropped after the first of these steps; four steps of rest,
   // then one recorded, one compared, and a new plan.
@@ -256,10 +247,8 @@ TEST(plan_steps, a_step_that_differs_drops_the_plan_and_records_again) {
   auto c1 = pool.counters();
   EXPECT_EQ(c1.plan_missed, c0.plan_missed);
   EXPECT_EQ(c1.pages_mapped, c0.pages_mapped);
-  if (plan_chunk) EXPECT_GT(c1.chunks_released, 0u) << "the first plan's chunks went back once it was dropped";
   prog.finish();
   pool.check_invariants();
-  }
 }
 
 TEST(plan_steps, plans_that_keep_being_dropped_rest_longer_each_time) {
@@ -385,13 +374,9 @@ TEST(plan_steps, without_the_option_marks_change_nothing) {
 TEST(plan_steps, random_programs_keep_the_pool_whole) {
   // Steps of random sizes and lifetimes, repeated a few times each, then
   // changed: plans are made, followed, missed and dropped; no block overlaps
-  // another and the invariants hold throughout. With single pages, and with
-  // each plan's space in chunks (plan_chunk_size).
-  for (std::size_t plan_chunk : {std::size_t{0}, 8 * MiB}) {
-  SCOPED_TRACE(plan_chunk);
+  // another and the invariants hold throughout.
   auto dev = std::make_shared<host_page_device>(8 * GiB);
-  pool_options o = planned(plan_chunk);
-  pool_resource pool(dev, nullptr, o);
+  pool_resource pool(dev, nullptr, planned());
   std::mt19937_64 rng(7);
   std::vector<held> live;
   std::uint8_t tag = 1;
@@ -436,119 +421,6 @@ TEST(plan_steps, random_programs_keep_the_pool_whole) {
   pool.check_invariants();
   EXPECT_GE(pool.counters().plans_made, 2u);
   EXPECT_EQ(pool.state().live_bytes, 0u);
-  if (plan_chunk) EXPECT_GT(pool.counters().chunks_created, 0u);
-  }
-}
-
-// plan_chunk_size: when a plan is made, its address space goes into chunks:
-// the single pages there go back for them, and later steps find every page
-// mapped; the chunks stay while the plan is followed, and the pool holds no
-// more than with single pages.
-TEST(plan_steps, a_plans_space_in_chunks_stays_and_holds_no_more) {
-  std::size_t peak[2] = {0, 0};
-  std::vector<void*> placed[2];
-  for (int with : {0, 1}) {
-    SCOPED_TRACE(with);
-    auto dev = std::make_shared<host_page_device>(4 * GiB);
-    pool_options o = planned(with ? 8 * MiB : 0);
-    pool_resource pool(dev, nullptr, o);
-    program prog{pool};
-    prog.setup();
-    for (int s = 0; s < 10; ++s) {
-      pool.mark_step();
-      auto c0 = pool.counters();
-      prog.step();
-      auto c1 = pool.counters();
-      pool.check_invariants();
-      if (s == 3) {
-        ASSERT_EQ(c1.plans_made, 1u);
-        placed[with] = prog.addresses;
-        if (with) {
-          EXPECT_GT(c1.chunks_created, 0u) << "the plan's space in chunks";
-          // Most of the space: the chunk-aligned places wholly inside it.
-          EXPECT_GE(c1.chunk_pages_created * pool.page_size() + 2 * o.plan_chunk_size, c1.plan_bytes);
-        } else {
-          EXPECT_EQ(c1.chunks_created, 0u);
-        }
-      }
-      if (s >= 4) {
-        EXPECT_EQ(c1.pages_mapped, c0.pages_mapped) << "step " << s;
-        EXPECT_EQ(c1.pages_unmapped, c0.pages_unmapped) << "step " << s;
-        EXPECT_EQ(c1.pages_created, c0.pages_created) << "step " << s;
-        EXPECT_EQ(c1.chunks_released, c0.chunks_released) << "step " << s << ": a chunk of the plan went back";
-        EXPECT_EQ(prog.addresses, placed[with]) << "step " << s;
-      }
-    }
-    peak[with] = pool.state().peak_reserved_bytes;
-    prog.finish();
-    pool.check_invariants();
-    pool.release_cached();  // a trim takes the plan's chunks too
-    EXPECT_EQ(pool.state().reserved_bytes, 0u);
-    EXPECT_EQ(dev->created_bytes(), 0u);
-  }
-  EXPECT_EQ(placed[0], placed[1]) << "the plan is the same; only its pages differ";
-  EXPECT_LE(peak[1], peak[0]);
-}
-
-// At the memory limit, a request the plan does not know takes the free
-// chunks of the plan's space rather than failing.
-TEST(plan_steps, a_request_at_the_limit_takes_the_plans_free_chunks) {
-  auto dev = std::make_shared<host_page_device>(4 * GiB);
-  pool_options o = planned(8 * MiB);
-  o.reserve_limit = 168 * MiB;
-  pool_resource pool(dev, nullptr, o);
-  // A step: a and b (64 MiB each) live together, then c (32 MiB) beside b.
-  auto step = [&](bool one_off) {
-    pool.mark_step();
-    held a{pool.allocate(64 * MiB, 0), 64 * MiB, 1}, b{pool.allocate(64 * MiB, 0), 64 * MiB, 2};
-    fill(a);
-    fill(b);
-    check_fill(a);
-    pool.deallocate_checked(a.p, a.n, 0);
-    if (one_off) {
-      // a's place is free, in chunks of the plan; the request does not fit
-      // there and the pool is at its limit past b: only those chunks can make room.
-      held x{nullptr, 100 * MiB, 3};
-      ASSERT_NO_THROW(x.p = pool.allocate(x.n, 0));
-      fill(x);
-      check_fill(b);
-      pool.check_invariants();
-      check_fill(x);
-      pool.deallocate_checked(x.p, x.n, 0);
-    }
-    held c{pool.allocate(32 * MiB, 0), 32 * MiB, 4};
-    fill(c);
-    check_fill(b);
-    check_fill(c);
-    pool.deallocate_checked(b.p, b.n, 0);
-    pool.deallocate_checked(c.p, c.n, 0);
-  };
-  for (int s = 0; s < 6; ++s) step(false);
-  ASSERT_EQ(pool.counters().plans_made, 1u);
-  ASSERT_GT(pool.counters().chunks_created, 0u);
-  const auto released = pool.counters().chunks_released;
-  step(true);
-  EXPECT_GT(pool.counters().chunks_released, released) << "the plan's free chunks made the room";
-  pool.check_invariants();
-}
-
-TEST(plan_steps, plan_chunk_size_must_be_whole_pages_and_agree_with_chunk_size) {
-  auto dev = std::make_shared<host_page_device>(GiB);
-  pool_options o = planned();
-  o.plan_chunk_size = 3 * MiB;  // pages of 2 MiB
-  EXPECT_THROW(pool_resource(dev, nullptr, o), invalid_argument);
-  o.plan_chunk_size = 2 * MiB;  // one page: no chunk
-  EXPECT_THROW(pool_resource(dev, nullptr, o), invalid_argument);
-  o.plan_chunk_size = 8 * MiB;
-  o.chunk_size = 16 * MiB;
-  EXPECT_THROW(pool_resource(dev, nullptr, o), invalid_argument);
-  o.chunk_size = 8 * MiB;
-  EXPECT_NO_THROW(pool_resource(dev, nullptr, o));
-  pool_options p;
-  p.parse("plan_chunk_size:64MiB");
-  EXPECT_EQ(p.plan_chunk_size, 64 * MiB);
-  EXPECT_NE(p.to_string().find(",plan_chunk_size:67108864,"), std::string::npos);
-  EXPECT_EQ(dev->created_bytes(), 0u);
 }
 
 TEST(plan_steps, blocks_left_out_of_the_plan_keep_the_ranks_of_the_others) {

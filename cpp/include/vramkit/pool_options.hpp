@@ -115,14 +115,6 @@ struct pool_options {
   // pair on MoE"). A program that never marks is the pool without it until
   // the pool finds its steps itself.
   bool plan_steps = true;
-  // With plan_steps: when a plan is made, its address space in chunks of this
-  // many bytes (a multiple of the page size; 0: single pages, as before the
-  // plan). The plan's places never move, so chunks there pin nothing, and the
-  // single pages there (and, within the growth slack, free pages elsewhere)
-  // go back to the device for them: the step after finds its pages mapped,
-  // and kernels run over a handle per chunk. With chunk_size set, it must be
-  // chunk_size.
-  std::size_t plan_chunk_size = 0;
   // fit:address (true) or fit:best (false, the default): which backed free
   // block a large request (over small_threshold) takes when several fit. Best
   // takes the tightest; address takes an exact fit, else the lowest-addressed

@@ -61,17 +61,6 @@ void pool_resource::impl::init_paged() {
       chunk_min = m / page;
     }
   }
-  // plan_chunk_size: chunks in a plan's space only (of chunk_size, when set).
-  if (opt.plan_chunk_size) {
-    if (opt.plan_chunk_size % page || opt.plan_chunk_size / page < 2)
-      throw invalid_argument("plan_chunk_size " + std::to_string(opt.plan_chunk_size) +
-                             " must be a multiple of the page size (" + std::to_string(page) +
-                             " bytes) of at least two pages, or 0 for none");
-    if (chunk && opt.plan_chunk_size != opt.chunk_size)
-      throw invalid_argument("plan_chunk_size " + std::to_string(opt.plan_chunk_size) + " must equal chunk_size (" +
-                             std::to_string(opt.chunk_size) + ") when both are set");
-    if (!chunk) chunk = chunk_min = opt.plan_chunk_size / page;
-  }
   std::size_t va = round_up(static_cast<std::size_t>(static_cast<double>(capacity) * opt.va_factor), page);
   va = std::max(va, page * 64);
   for (bool small : {true, false}) {
@@ -184,15 +173,7 @@ void* pool_resource::impl::allocate(std::size_t bytes, stream_t stream) {
   } else {
     release_free_segments();
   }
-  {
-    // The plan's chunks go too (plan_chunk_size).
-    plan_chunks_yield = true;
-    struct reset {
-      bool& f;
-      ~reset() { f = false; }
-    } r{plan_chunks_yield};
-    if (block* b = try_place(size, small, 0, stream)) return placed(b);
-  }
+  if (block* b = try_place(size, small, 0, stream)) return placed(b);
   ++st.oom_count;
   throw_oom(bytes, "");
 }

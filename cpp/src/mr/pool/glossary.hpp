@@ -89,10 +89,7 @@
 //                chunk/2, chunk/4, ... down to `chunk_min` pages, each at a
 //                multiple of its own size (so inside one chunk place); a
 //                chunk's extent is the run of chunk pages under one handle
-//                (chunk_span). plan_chunk_size: a plan's space in chunks, made
-//                when the plan is; while the plan is followed, steals that
-//                place requests leave them (trims and the last try before out
-//                of memory take them).
+//                (chunk_span).
 //   step plan    (plan_steps) One recorded step's large requests laid out at
 //                fixed offsets (largest first, lowest free offset over each
 //                block's lifetime, the step a circle) in the address space

@@ -49,17 +49,12 @@ page_handle pool_resource::impl::create_page() {
 // chunk back instead and returns its page count (out unchanged: the room it
 // frees lets the caller create pages). With an early mark (remap_own: the
 // block's work may not be done), it takes single pages only, their kept
-// mappings carrying the mark. The chunks of a followed plan's space
-// (plan_chunk_size) are passed over unless this is a trim.
+// mappings carrying the mark.
 std::size_t pool_resource::impl::steal(std::uint32_t slot, std::size_t want, std::vector<page_handle>& out,
-                                       std::uint32_t mark, bool trim) {
+                                       std::uint32_t mark) {
   auto& s = slots[slot];
   block* b = s.steal_head;
   if (!b || want == 0) return 0;
-  // plan_chunk_size: the chunks of a plan's space stay while the plan does
-  // (a trim still takes them).
-  const auto plan_pages = trim ? std::pair<std::size_t, std::size_t>{0, 0} : plan_chunk_pages();
-  const std::size_t plo = plan_pages.first, phi = plan_pages.second;
   // The highest page of a free block that may move: mapped, and not in a
   // chunk that reaches outside the block (lo when none is; the caller checks).
   // (A chunk cannot be given back under work that may still use it.)
@@ -68,13 +63,7 @@ std::size_t pool_resource::impl::steal(std::uint32_t slot, std::size_t want, std
     if (xa->chunk_bits.empty() || !chunk_pages) return last_mapped_page(xa, lo, hi - 1);
     if (xa->top <= lo) return lo;
     const auto inside = chunks_inside(xa, lo, hi);  // chunk pages there: chunks wholly inside
-    std::size_t clo = inside.first, chi = inside.second;
-    if (xa == arenas[1] && clo < phi && plo < chi) {  // no chunk of the plan's space
-      if (clo < plo)
-        chi = plo;
-      else
-        clo = chi;
-    }
+    const std::size_t clo = inside.first, chi = inside.second;
     return detail::last_page_where(lo, detail::below_top(xa, hi - 1), [&](std::size_t w) {
       return xa->mapped_bits[w] & ~(xa->chunk_bits[w] & (mark ? ~std::uint64_t{0} : ~detail::word_range(w, clo, chi)));
     });
@@ -83,7 +72,7 @@ std::size_t pool_resource::impl::steal(std::uint32_t slot, std::size_t want, std
     if (!xa->mapped(p)) return false;
     if (!xa->in_chunk(p)) return true;
     const auto [c, k] = chunk_span(xa, p);
-    return !mark && c >= lo && c + k <= hi && !(xa == arenas[1] && c < phi && plo < c + k);
+    return !mark && c >= lo && c + k <= hi;
   };
   std::size_t lo = 0, hi = 0, p = 0;
   auto try_block = [&](const block* x) {
@@ -168,20 +157,6 @@ std::size_t pool_resource::impl::steal(std::uint32_t slot, std::size_t want, std
   return k;
 }
 
-// Undoes the kept mappings of [p, e) of arena a (pages now in use elsewhere
-// or given back), once the work of any early mark on them is done.
-void pool_resource::impl::unmap_kept(detail::arena* a, std::size_t p, std::size_t e) noexcept {
-  try {
-    settle_early(a, p, e);
-  } catch (...) {  // the device failed: nothing waits on it any more
-    forget_early(a, p, e);
-  }
-  pages->unmap(a->base + p * page, e - p);
-  for (std::size_t q = p; q < e; ++q) a->phys[q] = 0;
-  stale -= e - p;
-  ctr.pages_unmapped += e - p;
-}
-
 // Destroys pages given back to the device, unmapping first the stale
 // mappings they keep (a page's memory is freed only once it is mapped
 // nowhere).
@@ -203,7 +178,15 @@ void pool_resource::impl::drop_pages(const std::vector<page_handle>& hs) noexcep
         }
         std::size_t e = p;
         while (e < a->top && kept(a, e)) ++e;
-        unmap_kept(a, p, e);
+        try {
+          settle_early(a, p, e);
+        } catch (...) {  // the device failed: nothing waits on it any more
+          forget_early(a, p, e);
+        }
+        pages->unmap(a->base + p * page, e - p);
+        for (std::size_t q = p; q < e; ++q) a->phys[q] = 0;
+        stale -= e - p;
+        ctr.pages_unmapped += e - p;
         p = e;
       }
     }

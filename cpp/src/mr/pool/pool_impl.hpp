@@ -7,7 +7,7 @@
 //   page_supply.cpp    physical pages for a placement: spares, new pages, steals
 //   page_mapping.cpp   mapping pages under a block; kept mappings
 //   page_ahead.cpp     map_ahead: pages made ready on a helper thread where the pool grows
-//   chunks.cpp         chunk_size: bulk growth in large handles that never move (and a plan's space)
+//   chunks.cpp         chunk_size: bulk growth in large handles that never move
 //   stream_reuse.cpp   frees on other streams: pending blocks, slot reclaims
 //   step_plan.cpp      plan_steps: a marked step laid out once, later steps placed there
 //   step_finder.cpp    plan_steps without marks: the step's period found in the requests
@@ -130,8 +130,7 @@ struct pool_resource::impl {
     return may_grow_by(bytes, counted, need_live, opt.growth_slack);
   }
   page_handle create_page();
-  std::size_t steal(std::uint32_t slot, std::size_t want, std::vector<page_handle>& out, std::uint32_t mark = 0,
-                    bool trim = false);
+  std::size_t steal(std::uint32_t slot, std::size_t want, std::vector<page_handle>& out, std::uint32_t mark = 0);
   // edges: how many of the n pages back a block's edge pages (remap_own takes none of those early).
   bool acquire(std::size_t n, std::size_t need_live, std::uint32_t slot, std::vector<page_handle>& out,
                std::size_t edges = 0);
@@ -164,7 +163,6 @@ struct pool_resource::impl {
   void close_early(std::uint32_t m) noexcept;
   bool early_known_done(std::uint32_t m) const;
   void settle_early(detail::arena* a, std::size_t p, std::size_t e);
-  void unmap_kept(detail::arena* a, std::size_t p, std::size_t e) noexcept;
   void forget_early(detail::arena* a, std::size_t p, std::size_t e) noexcept;
   void poll_early() noexcept;
 
@@ -181,20 +179,8 @@ struct pool_resource::impl {
   // The pages of [lo, hi) that chunks reaching outside it may not hold: [clo, chi)
   // (chunk pages in it lie in chunks wholly inside [lo, hi)).
   std::pair<std::size_t, std::size_t> chunks_inside(const detail::arena* a, std::size_t lo, std::size_t hi) const noexcept;
-  // plan_steps: chunks only before the second mark (step_plan.cpp); none
-  // where only a plan's space takes them (plan_chunk_size without chunk_size)
-  bool chunks_now() const noexcept { return opt.chunk_size > page && plan.marks < 2; }
-  std::size_t plan_map_chunks();
-  // The pages of the plan's space while a plan with chunks there is followed
-  // ({0, 0} otherwise): steals that place requests leave its chunks alone.
-  // (Not in the last try before out of memory: plan_chunks_yield.)
-  bool plan_chunks_yield = false;
-  std::pair<std::size_t, std::size_t> plan_chunk_pages() const noexcept {
-    if (!opt.plan_chunk_size || plan_chunks_yield || plan.ph != step_plan::phase::planned || !plan.base)
-      return {0, 0};
-    const std::size_t lo = (plan.base - arenas[1]->base) / page;
-    return {lo, lo + (ctr.plan_bytes + page - 1) / page};
-  }
+  // plan_steps: chunks only before the second mark (step_plan.cpp)
+  bool chunks_now() const noexcept { return plan.marks < 2; }
   bool make_chunk_at(detail::arena* a, std::size_t c, std::size_t n);
   std::size_t give_back_chunk(detail::arena* a, std::size_t c) noexcept;  // returns its pages
 

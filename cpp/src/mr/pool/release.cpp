@@ -39,7 +39,7 @@ void pool_resource::impl::trim_to(std::size_t target, bool on_free) {
   while (cached() > target) {
     hs.clear();
     // Only memory no stream still uses; a chunk it meets is given back there.
-    if (!steal(0, (cached() - target + page - 1) / page, hs, 0, true)) break;
+    if (!steal(0, (cached() - target + page - 1) / page, hs)) break;
     std::size_t k = hs.size();
     ctr.pages_remapped -= k;
     drop_pages(hs);

@@ -62,11 +62,6 @@ void pool_resource::impl::mark_step() {
       if (!plan_build()) {
         ++P.unplanned;
         plan_record_start();
-      } else {
-        try {
-          plan_map_chunks();
-        } catch (...) {  // no host memory for its lists: the space stays in single pages
-        }
       }
       break;
     case step_plan::phase::planned:
