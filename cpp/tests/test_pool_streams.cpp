@@ -243,7 +243,6 @@ struct config {
   int event_faults = 0;
   std::size_t chunk_min = 0;  // chunk_min_size in pages (0: chunks of one size)
   bool fit_address = false;
-  int step_ops = 0;            // >0: marked steps of this many operations, each the same (plans)
 };
 
 void run(const config& c, std::uint64_t seed, int iters, pool_counters* out = nullptr,
@@ -279,28 +278,12 @@ void run(const config& c, std::uint64_t seed, int iters, pool_counters* out = nu
   std::size_t final_peak = 0;
   {
     pool_resource pool(dev, std::make_shared<model_streams>(w), o);
-    // The program's choices: from the world's generator, or with marked steps
-    // from one of their own, seeded alike at each step so that steps repeat
-    // whatever the pool asks of the world.
-    std::mt19937_64 prog_rng(seed);
-    auto prnd = [&](std::size_t n) {
-      return c.step_ops ? static_cast<std::size_t>(prog_rng() % n) : w.rnd(n);
-    };
-    auto stream = [&] { return static_cast<stream_t>(1 + prnd(static_cast<std::size_t>(c.nstreams))); };
+    auto stream = [&] { return static_cast<stream_t>(1 + w.rnd(static_cast<std::size_t>(c.nstreams))); };
     for (int it = 0; it < iters; ++it) {
-      if (c.step_ops && it % c.step_ops == 0) {
-        // A step begins: the last one's blocks are freed on their streams, the
-        // step is marked, and its operations are those of every step before.
-        for (auto& b : live) pool.deallocate_checked(reinterpret_cast<void*>(b.p), 0, b.s);
-        live.clear();
-        pool.mark_step();
-        prog_rng.seed(seed);
-      }
-      int op = static_cast<int>(prnd(100));
+      int op = static_cast<int>(w.rnd(100));
       if (op < 40) {
         stream_t s = stream();
-        // (Steps are kept off the device's limit, so that they repeat.)
-        std::size_t n = prnd(3) ? 1 + prnd(3 * MiB) : 1 + prnd(c.step_ops ? 16 * MiB : 48 * MiB);
+        std::size_t n = w.rnd(3) ? 1 + w.rnd(3 * MiB) : 1 + w.rnd(48 * MiB);
         void* p = nullptr;
         try {
           p = pool.allocate(n, s);
@@ -315,19 +298,19 @@ void run(const config& c, std::uint64_t seed, int iters, pool_counters* out = nu
           w.mark_use(a, n, s);
         }
       } else if (op < 55 && !live.empty()) {
-        auto& b = live[prnd(live.size())];
+        auto& b = live[w.rnd(live.size())];
         w.mark_use(b.p, b.n, b.s);
       } else if (op < 60 && !live.empty()) {
-        auto& b = live[prnd(live.size())];
+        auto& b = live[w.rnd(live.size())];
         stream_t t = stream();
         pool.record_stream(reinterpret_cast<void*>(b.p), t);
         w.mark_use(b.p, b.n, t);
       } else if (op < 90 && !live.empty()) {
-        std::size_t i = prnd(live.size());
+        std::size_t i = w.rnd(live.size());
         held b = live[i];
         live[i] = live.back();
         live.pop_back();
-        stream_t f = prnd(5) == 0 ? stream() : b.s;  // sometimes freed on another stream
+        stream_t f = w.rnd(5) == 0 ? stream() : b.s;  // sometimes freed on another stream
         w.mark_use(b.p, b.n, f);
         pool.deallocate_checked(reinterpret_cast<void*>(b.p), 0, f);
       } else if (op < 98) {
@@ -339,7 +322,7 @@ void run(const config& c, std::uint64_t seed, int iters, pool_counters* out = nu
         }
       } else {
         try {
-          pool.set_reserve_limit(prnd(2) ? 0 : 256 * MiB);
+          pool.set_reserve_limit(w.rnd(2) ? 0 : 256 * MiB);
         } catch (const cuda_error&) {
         }
       }
@@ -384,31 +367,6 @@ void run(const config& c, std::uint64_t seed, int iters, pool_counters* out = nu
 }
 
 }  // namespace
-
-// Marked steps that repeat: plans are made and followed with the GPU behind
-// on several streams (with remap_own, and without kept mappings); nothing may
-// be unmapped or given back under pending work.
-TEST(pool_streams, repeating_steps_planned_under_a_lagging_gpu) {
-  config plain{3, 2, 7, 0.02};
-  plain.step_ops = 400;
-  config own = plain;
-  own.remap_own = true;
-  config no_keep = plain;
-  no_keep.keep_mappings = false;
-  std::size_t plans = 0, placed = 0;
-  for (const config& c : {plain, own, no_keep})
-    for (std::uint64_t seed : {1, 2, 3, 4}) {
-      SCOPED_TRACE(testing::Message() << "remap_own " << c.remap_own << ", keep_mappings " << c.keep_mappings
-                                      << ", seed " << seed);
-      pool_counters k;
-      run(c, seed, 6000, &k);
-      if (HasFatalFailure()) return;
-      plans += k.plans_made;
-      placed += k.plan_placed;
-    }
-  EXPECT_GT(plans, 4u) << "the steps were not planned: the test tests nothing";
-  EXPECT_GT(placed, 100u) << "no request went to its planned place";
-}
 
 TEST(pool_streams, lagging_gpu_queues_faults_and_physical_pages) {
   const config configs[] = {
