@@ -12,9 +12,9 @@ import statistics
 MiB = 1 << 20
 BASELINES = ("default", "expandable")  # PyTorch's allocator without and with expandable segments
 MEASURES = ("cold_ms", "warm_ms", "peak_allocated", "peak_reserved", "nvml_peak")
+TRIO = BASELINES + ("vramkit",)  # the suite's three allocators, for the test applied to each in turn
 # Per-step figures over the repeats (see step_minimum): noise only adds time, so each step's
 # fastest repeat is the best estimate of what the allocator costs in it.
-TRIO = BASELINES + ("vramkit",)  # the suite's three allocators, for the test applied to each in turn
 STEP_MEASURES = ("warm_min_ms", "warm_total_min_ms")
 # The warm-time ratio's interval: repeats resampled with replacement, a fixed seed (the same
 # records always give the same interval).
