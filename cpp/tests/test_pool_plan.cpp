@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <memory>
 #include <random>
+#include <string>
 #include <tuple>
 #include <vector>
 
@@ -154,6 +155,45 @@ TEST(plan_steps, a_repeating_step_moves_no_page_once_planned) {
   prog.finish();
   pool.check_invariants();
   EXPECT_EQ(pool.state().live_bytes, 0u);
+}
+
+// The plan's first step moves the step's pages to their new places. The steps
+// before it held their live peak in the pages the pool has, so that step takes
+// free pages rather than grow (what it grows would stay for good); with
+// plan_moves_grow it may grow within the slack, as other steps do.
+TEST(plan_steps, the_step_moving_pages_to_a_new_plan_takes_free_pages_before_growing) {
+  for (bool grow : {false, true}) {
+    SCOPED_TRACE(grow ? "plan_moves_grow:true" : "plan_moves_grow:false");
+    auto dev = std::make_shared<host_page_device>(4 * GiB);
+    pool_options o = planned();
+    o.parse(grow ? "growth_slack:0.5,plan_moves_grow:true" : "growth_slack:0.5");  // room to grow: the pool's choice
+    ASSERT_EQ(o.plan_moves_grow, grow);
+    ASSERT_NE(o.to_string().find(grow ? "plan_moves_grow:true" : "plan_moves_grow:false"), std::string::npos);
+    pool_resource pool{dev, nullptr, o};
+    program prog{pool};
+    prog.setup();
+    run_steps(pool, prog, 3);  // warming, recording, following
+    const std::size_t before = pool.state().reserved_bytes;
+    pool.mark_step();  // the plan is made here
+    const auto c0 = pool.counters();
+    prog.step();
+    const auto c1 = pool.counters();
+    pool.check_invariants();
+    ASSERT_EQ(c1.plans_made, 1u);
+    ASSERT_GT(c1.pages_mapped - c0.pages_mapped, 0u) << "the plan's first step moved no page";
+    if (grow)
+      EXPECT_GT(pool.state().reserved_bytes, before) << "the plan's step grew nothing within a slack of 0.5";
+    else
+      EXPECT_EQ(pool.state().reserved_bytes, before) << "the plan's step grew with free pages to take";
+    run_steps(pool, prog, 3);
+    const auto c2 = pool.counters();
+    EXPECT_EQ(c2.pages_mapped, c1.pages_mapped) << "the steps after the plan's first moved pages";
+    EXPECT_EQ(c2.plan_missed, c1.plan_missed);
+    EXPECT_EQ(c2.plans_dropped, 0u);
+    prog.finish();
+    pool.check_invariants();
+    EXPECT_EQ(pool.state().live_bytes, 0u);
+  }
 }
 
 TEST(plan_steps, the_plan_needs_no_more_than_the_steps_peak) {

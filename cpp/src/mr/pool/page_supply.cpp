@@ -279,13 +279,20 @@ bool pool_resource::impl::acquire_some(std::size_t n, std::size_t need_live, std
     }
     return steal_from(slot);
   };
+  // The steps that move the pages to a new plan's places (its first step, and
+  // the second of a two-step plan) take free pages before they grow: the
+  // steps before the plan held their live peak within what the pool has, and
+  // growth there stays for good (plan_moves_grow: false).
+  const bool moving = !opt.plan_moves_grow && plan.ph == step_plan::phase::planned &&
+                      plan.planned_marks < (plan.two_steps ? 2u : 1u);
+  const double slack = moving ? 0.0 : opt.growth_slack;
   while (out.size() < n) {
     if (!spare_handles.empty()) {
       out.push_back(spare_handles.back());
       spare_handles.pop_back();
       continue;
     }
-    if (may_grow_by(page, page, need_live) || (room && reserved + page <= limit)) {
+    if (may_grow_by(page, page, need_live, slack) || (room && reserved + page <= limit)) {
       if (page_handle h = create_page()) {
         if (room) --room;
         out.push_back(h);
@@ -304,7 +311,7 @@ bool pool_resource::impl::acquire_some(std::size_t n, std::size_t need_live, std
       }
     }
     // remap_own: growth up to remap_own_slack before the own stream's frees.
-    if (opt.remap_own && opt.remap_own_slack > opt.growth_slack && slot != 0 &&
+    if (!moving && opt.remap_own && opt.remap_own_slack > opt.growth_slack && slot != 0 &&
         may_grow_by(page, page, need_live, opt.remap_own_slack)) {
       if (page_handle h = create_page()) {
         out.push_back(h);

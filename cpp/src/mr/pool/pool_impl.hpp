@@ -238,6 +238,7 @@ struct pool_resource::impl {
     std::uint64_t length = 0;  // ticks of the recorded step
     std::size_t rest = 0;      // marks to wait, after a dropped plan, before recording again
     std::uint32_t marks = 0;   // marks so far, counted up to 2 (chunks are made until the second)
+    std::uint32_t planned_marks = 0;  // marks since the plan in force was made
     bool chunks_to_give_back = false;  // the second mark's give-back could not wait for the GPU
     struct item {
       std::size_t size = 0;

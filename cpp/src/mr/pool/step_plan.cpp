@@ -76,6 +76,7 @@ void pool_resource::impl::mark_step() {
         P.by_size.clear();
         P.seen.clear();
       } else {
+        ++P.planned_marks;
         P.seen.clear();
         P.odd = !P.odd;
         P.step_bytes = P.missed_bytes = 0;
@@ -349,6 +350,7 @@ bool pool_resource::impl::plan_build() {
   P.odd = false;
   P.step_bytes = P.missed_bytes = 0;
   P.ph = step_plan::phase::planned;
+  P.planned_marks = 0;
   ++ctr.plans_made;
   ctr.plan_bytes = top;
   return true;
