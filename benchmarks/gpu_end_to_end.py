@@ -18,7 +18,10 @@ with ``--vramkit-conf`` passed to it as options), ``vramkit-8mib`` (the same wit
 ``plan_steps`` on, the pool's default, the child marks each step at its top, or, with
 ``+mark_steps:optimizer``, leaves the marks to the optimizer's steps as a training loop that calls only ``use()`` gets them) and
 ``vramkit-tracking`` (vramkit plus leak
-tracking with Python call sites, for the cost of tracking).
+tracking with Python call sites, for the cost of tracking). ``default-again`` is PyTorch's default
+allocator once more under a third name, judged by the suite's targets as vramkit is: a control, an
+allocator as fast as PyTorch default by construction, that shows how often the runs' noise alone
+fails each target.
 
 Every (workload, allocator, repeat) runs in a fresh process; within each repeat the allocators of a
 workload run back to back, in an order rotated from repeat to repeat. Each run times every step
@@ -50,7 +53,8 @@ from e2e.child import PROFILE_ENV, RESULT_PREFIX, is_vramkit, parse_vramkit_conf
 from e2e.cpus import format_cpu_list, gpu_local_cpus, plan_cpus  # noqa: E402
 from e2e.workloads import WORKLOADS  # noqa: E402
 
-ALLOCATORS = ("default", "expandable", "vramkit", "vramkit-tracking", "vramkit-8mib", "vramkit-cuda")
+ALLOCATORS = ("default", "expandable", "vramkit", "vramkit-tracking", "vramkit-8mib", "vramkit-cuda",
+              report.CONTROL)
 DEFAULT_ALLOCATORS = "default,expandable,vramkit"
 
 
@@ -319,6 +323,8 @@ def print_plan(a, runs) -> None:
         env = child_env(al, a.determinism != "off")
         if al == "default":
             how = "PyTorch's caching allocator"
+        elif al == report.CONTROL:
+            how = "PyTorch's caching allocator again (the control: judged by the targets as vramkit is)"
         elif al == "expandable":
             how = f"PYTORCH_CUDA_ALLOC_CONF={env.get('PYTORCH_CUDA_ALLOC_CONF')}"
         else:

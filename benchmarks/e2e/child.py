@@ -197,7 +197,7 @@ def run(workload: str, alloc: str, steps: int, warmup: int, seed: int, vramkit_c
             from vramkit.leaks import _tracking
             hook_calls0 = _vramkit.site_hook_calls()
             tracking = _tracking.acquire(None, python_stacks=True)  # (device, tracker), until the end
-    elif alloc not in ("default", "expandable"):
+    elif alloc not in ("default", "expandable", "default-again"):
         raise SystemExit(f"unknown allocator {alloc!r}")
     res["alloc_conf"] = os.environ.get("PYTORCH_CUDA_ALLOC_CONF", "")
 

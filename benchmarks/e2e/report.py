@@ -12,6 +12,9 @@ import statistics
 MiB = 1 << 20
 BASELINES = ("default", "expandable")  # PyTorch's allocator without and with expandable segments
 MEASURES = ("cold_ms", "warm_ms", "peak_allocated", "peak_reserved", "nvml_peak")
+# PyTorch default run again under another name (gpu_end_to_end.py --allocators ...,default-again):
+# judged by the targets as vramkit is, it shows what the runs' noise alone makes of each target.
+CONTROL = "default-again"
 TRIO = BASELINES + ("vramkit",)  # the suite's three allocators, for the test applied to each in turn
 # Per-step figures over the repeats (see step_minimum): noise only adds time, so each step's
 # fastest repeat is the best estimate of what the allocator costs in it.
@@ -375,7 +378,7 @@ def targets_text(rows: list[dict]) -> str:
     """targets() as lines: per allocator and target, how many workloads meet it and the others' figures."""
     lines = []
     for a, per in targets(rows).items():
-        lines.append(f"  {a}")
+        lines.append(f"  {a}" + (" (the control: PyTorch default run again)" if a == CONTROL else ""))
         for name, t in per.items():
             n = len(t["met"]) + len(t["not"])
             unit = " %" if "%" in name else ""  # the spread is in %, the others are ratios

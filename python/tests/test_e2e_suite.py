@@ -221,6 +221,28 @@ def test_warm_target_says_what_the_repeats_can_tell():
     assert "by the 90 % interval of the repeats: faster 1 (a); slower 1 (b); not told apart 1 (d)" in text
 
 
+def test_the_control_is_pytorch_default_judged_as_vramkit_is():
+    """default-again runs PyTorch's allocator (no vramkit options, no PYTORCH_CUDA_ALLOC_CONF) and
+    the targets judge it beside vramkit, named as the control."""
+    p = suite("--dry-run", "--workloads", "bert", "--allocators", "default,expandable,vramkit,default-again",
+              "--repeat", "1")
+    assert p.returncode == 0, p.stderr
+    assert [ln.split()[4] for ln in p.stdout.splitlines() if ln.split()[1:2] == ["repeat"]] == \
+        ["default", "expandable", "vramkit", "default-again"]
+    assert "default-again    PyTorch's caching allocator again" in p.stdout
+    runs = []
+    for rep in range(2):
+        runs += [_run("a", "default", 10.0, 150, 200, rep=rep), _run("a", "expandable", 12.0, 120, 170, rep=rep),
+                 _run("a", "vramkit", 9.0, 102, 160, rep=rep), _run("a", report.CONTROL, 10.5, 150, 200, rep=rep)]
+    rows = report.summarize(runs, ["a"], ["default", "expandable", "vramkit", report.CONTROL])
+    t = report.targets(rows)
+    assert list(t) == ["vramkit", report.CONTROL]
+    warm = t[report.CONTROL]["warm step <= 1.00x PyTorch's faster"]
+    assert warm["met"] == [] and warm["not"] == [("a", pytest.approx(1.05))]
+    assert t[report.CONTROL]["device memory <= PyTorch's smaller"]["not"] == [("a", pytest.approx(200 / 170))]
+    assert "  default-again (the control: PyTorch default run again)" in report.targets_text(rows)
+
+
 def test_share_of_pages_in_chunks():
     runs = [_run("m", "default", 10.0, 150, 200), _run("m", "vramkit", 9.9, 110, 160),
             _run("m", "vramkit", 11.0, 132, 170, rep=1), _run("m", "vramkit", 10.0, 120, 165, rep=2)]
