@@ -251,7 +251,11 @@ def run(workload: str, alloc: str, steps: int, warmup: int, seed: int, vramkit_c
         step_control = []  # the host-speed control timed after each step (e2e/hostspeed.py)
         ctl = hostspeed.make(torch)
         t_loop = time.perf_counter()
+        step_op_index = []  # --snapshot: where each step begins in the recorded history (allocations + frees so far)
         for i in range(steps):
+            if snapshot:
+                st = torch.cuda.memory_stats()
+                step_op_index.append(int(st.get("allocation.all.allocated", 0) + st.get("allocation.all.freed", 0)))
             mark_ms = 0.0
             if mark_step:  # before the inputs, which belong to the step; its time is the step's
                 tm = time.perf_counter()
@@ -276,6 +280,8 @@ def run(workload: str, alloc: str, steps: int, warmup: int, seed: int, vramkit_c
             del batch
         if step_page_ops:
             res["step_page_ops"] = step_page_ops
+        if step_op_index:
+            res["step_op_index"] = step_op_index
         res["step_cpus"] = step_cpus
         res["step_host"] = step_host
         res["step_control_ms"] = step_control

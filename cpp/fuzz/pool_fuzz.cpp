@@ -39,10 +39,17 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
     gpu->lag = (data[0] >> 6) * 7;
     o.remap_own = (data[0] & 32) != 0;
   }
-  // Step plans from the last byte (they turn chunks off); plans need marks (op 5) and repeating steps.
+  // Step plans from the last byte; plans need marks (op 5) and repeating steps. With them, chunks
+  // are made until the second mark, where the free ones go back and the others are split into
+  // single pages holding their bytes (split_chunks: the tags at the blocks' ends are checked).
   o.plan_steps = size > 1 && (data[size - 1] & 1);
-  // Chunks of 16, 8 and 4 MiB (chunk_min_size) from the last byte's second bit.
-  if (size > 1 && (data[size - 1] & 2)) o.chunk_min_size = std::size_t{4} << 20;
+  // Chunks of 16 MiB from the last byte's fourth bit; of 16, 8 and 4 MiB (chunk_min_size) with its second.
+  if (size > 1 && (data[size - 1] & 8)) o.chunk_size = std::size_t{16} << 20;
+  if (size > 1 && (data[size - 1] & 2)) {
+    o.chunk_size = std::size_t{16} << 20;
+    o.chunk_min_size = std::size_t{4} << 20;
+  }
+  o.split_chunks = !(size > 1 && (data[size - 1] & 16));
   o.fit_address = size > 1 && (data[size - 1] & 4);  // fit:address from its third bit
   pool_resource pool(dev, gpu, o);
   struct live { std::uint8_t* p; std::size_t n; stream_t s; std::uint8_t tag; };

@@ -134,6 +134,7 @@ void pool_options::parse(const std::string& conf) {
       else if (k == "chunk_size") o.chunk_size = size();
       else if (k == "chunk_min_size") o.chunk_min_size = size();
       else if (k == "growth_chunks") o.growth_chunks = parse_bool(k, v);
+      else if (k == "split_chunks") o.split_chunks = parse_bool(k, v);
       else if (k == "plan_steps") o.plan_steps = parse_bool(k, v);
       else if (k == "plan_moves_grow") o.plan_moves_grow = parse_bool(k, v);
       else if (k == "fit") {
@@ -162,7 +163,7 @@ void pool_options::parse(const std::string& conf) {
                                "' (known: alignment, page_size, small_threshold, small_segment, large_rounding, "
                                "reserve_limit, release_threshold, growth_slack, remap, wait_to_remap, keep_mappings, remap_own, "
                                "remap_own_slack, "
-                               "map_ahead, chunk_size, chunk_min_size, growth_chunks, plan_steps, plan_moves_grow, fit, va_factor)");
+                               "map_ahead, chunk_size, chunk_min_size, growth_chunks, split_chunks, plan_steps, plan_moves_grow, fit, va_factor)");
     } catch (const invalid_argument&) {
       throw;
     } catch (const std::exception&) {
@@ -199,7 +200,8 @@ std::string pool_options::to_string() const {
        ",wait_to_remap:" + (wait_to_remap ? "true" : "false") + ",keep_mappings:" + (keep_mappings ? "true" : "false") +
        ",remap_own:" + (remap_own ? "true" : "false") + ",remap_own_slack:" + format_fixed(remap_own_slack, 4) +
        ",map_ahead:" + to_string(map_ahead) + ",chunk_size:" + to_string(chunk_size) +
-       ",chunk_min_size:" + to_string(chunk_min_size) + ",growth_chunks:" + (growth_chunks ? "true" : "false") + ",plan_steps:" + (plan_steps ? "true" : "false") +
+       ",chunk_min_size:" + to_string(chunk_min_size) + ",growth_chunks:" + (growth_chunks ? "true" : "false") +
+       ",split_chunks:" + (split_chunks ? "true" : "false") + ",plan_steps:" + (plan_steps ? "true" : "false") +
        ",plan_moves_grow:" + (plan_moves_grow ? "true" : "false") +
        ",fit:" + (fit_address ? "address" : "best") + ",va_factor:" + format_fixed(va_factor, 2);
   return s;

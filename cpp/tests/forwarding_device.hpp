@@ -25,6 +25,10 @@ class forwarding_device : public page_device {
   void unmap(std::uintptr_t va, std::size_t n) noexcept override { in_->unmap(va, n); }
   page_handle create_chunk(std::size_t n) override { return in_->create_chunk(n); }
   void map_chunk(std::uintptr_t va, page_handle h, std::size_t n) override { in_->map_chunk(va, h, n); }
+  void synchronize() override { in_->synchronize(); }
+  bool copies() const noexcept override { return in_->copies(); }
+  void copy(std::uintptr_t dst, std::uintptr_t src, std::size_t n) override { in_->copy(dst, src, n); }
+  bool aliases() const noexcept override { return in_->aliases(); }
   int device() const noexcept override { return 0; }
   device_properties properties() const override { return in_->properties(); }
   page_call_times call_times() const noexcept override { return in_->call_times(); }

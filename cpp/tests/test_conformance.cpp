@@ -285,3 +285,32 @@ INSTANTIATE_TEST_SUITE_P(all, conformance, ::testing::ValuesIn(factories()),
                          [](const auto& info) { return info.param.name; });
 
 }  // namespace
+
+// split_chunks on the GPU: the chunks left under live blocks at the second
+// mark become single pages (new driver handles) holding the blocks' bytes.
+TEST(pool_vmm_split_chunks, the_second_mark_splits_chunks_keeping_the_bytes_of_the_blocks_over_them) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "needs a CUDA device: " << cuda::unavailable_reason();
+  pool_options o;
+  o.chunk_size = std::size_t{16} << 20;
+  o.chunk_min_size = std::size_t{4} << 20;
+  pool_resource pool(cuda::make_vmm_device(0), cuda::make_stream_ops(0), o);
+  const std::size_t W = 100 * MiB + 12345, T = 64 * MiB;
+  pool.mark_step();  // the program's start
+  void* w = pool.allocate(W, 0);
+  void* t = pool.allocate(T, 0);
+  std::vector<unsigned char> h(W), back(W, 0);
+  std::mt19937_64 rng(5);
+  for (auto& x : h) x = static_cast<unsigned char>(rng());
+  cuda::copy_to_device(w, h.data(), W);
+  pool.deallocate_checked(t, T, 0);
+  ASSERT_GT(pool.usage().in_chunks, 0u);
+  pool.mark_step();  // the second: the free chunks go back, the others are split
+  EXPECT_EQ(pool.usage().in_chunks, 0u);
+  EXPECT_GT(pool.counters().chunks_split, 0u);
+  pool.check_invariants();
+  cuda::copy_to_host(back.data(), w, W);
+  EXPECT_EQ(std::memcmp(h.data(), back.data(), W), 0) << "a block over split chunks lost its bytes";
+  pool.deallocate_checked(w, W, 0);
+  pool.release_cached();
+  EXPECT_EQ(pool.state().reserved_bytes, 0u);
+}

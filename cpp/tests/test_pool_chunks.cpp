@@ -505,3 +505,127 @@ TEST(pool_chunks, chunk_min_size_must_divide_chunk_size_by_a_power_of_two) {
   EXPECT_EQ(back.chunk_min_size, 4 * MiB);
   EXPECT_THROW(o.parse("chunk_min_size:few"), invalid_argument);
 }
+
+// split_chunks: at the second mark (plan_steps), the chunks left under live
+// blocks become single pages holding their bytes; none stays in the pool.
+namespace {
+// Fails, when armed, the k-th create(), copy() or map() of single pages.
+class split_device final : public test::forwarding_device {
+ public:
+  explicit split_device(std::shared_ptr<page_device> in) : forwarding_device(std::move(in)) {}
+  page_handle create() override {
+    if (fail_create_at && ++creates == fail_create_at) return 0;  // no room
+    return in_->create();
+  }
+  void copy(std::uintptr_t dst, std::uintptr_t src, std::size_t n) override {
+    if (fail_copy_at && ++copies_ == fail_copy_at) throw cuda_error("injected copy failure", 1);
+    in_->copy(dst, src, n);
+  }
+  void map(std::uintptr_t va, const page_handle* h, std::size_t n) override {
+    if (fail_map_at && ++maps == fail_map_at) throw cuda_error("injected map failure", 1);
+    in_->map(va, h, n);
+  }
+  bool map_replaces() const noexcept override { return in_->map_replaces(); }
+  std::string name() const override { return "split"; }
+  int fail_create_at = 0, fail_copy_at = 0, fail_map_at = 0, creates = 0, copies_ = 0, maps = 0;
+};
+
+void fill(void* p, std::size_t n, unsigned seed) {
+  auto* b = static_cast<unsigned char*>(p);
+  for (std::size_t i = 0; i < n; i += 4096) b[i] = static_cast<unsigned char>(seed + i / 4096);
+  b[n - 1] = static_cast<unsigned char>(seed * 7);
+}
+bool holds(const void* p, std::size_t n, unsigned seed) {
+  const auto* b = static_cast<const unsigned char*>(p);
+  for (std::size_t i = 0; i < n; i += 4096)
+    if (b[i] != static_cast<unsigned char>(seed + i / 4096)) return false;
+  return b[n - 1] == static_cast<unsigned char>(seed * 7);
+}
+
+// The first step of a program: weights live on (two blocks, in chunks), a
+// temporary in chunks is freed; then the second mark.
+struct first_step {
+  pool_resource& pool;
+  void* w1 = nullptr;
+  void* w2 = nullptr;
+  static constexpr std::size_t W1 = 100 * MiB, W2 = 70 * MiB, T = 64 * MiB;
+  void run() {
+    pool.mark_step();  // the program's start
+    w1 = pool.allocate(W1, 0);
+    void* t = pool.allocate(T, 0);
+    w2 = pool.allocate(W2, 0);
+    fill(w1, W1, 3);
+    fill(w2, W2, 11);
+    std::memset(t, 1, T);
+    pool.deallocate(t, T, 0);
+  }
+};
+}  // namespace
+
+TEST(pool_chunks, the_second_mark_splits_the_chunks_under_live_blocks_into_pages_holding_their_bytes) {
+  for (bool split : {true, false}) {
+    SCOPED_TRACE(split ? "split_chunks:true" : "split_chunks:false");
+    auto dev = std::make_shared<host_page_device>(4 * GiB);
+    pool_options o = chunks(16 * MiB);
+    o.split_chunks = split;
+    pool_resource pool(dev, nullptr, o);
+    first_step s{pool};
+    s.run();
+    const auto before = pool.counters();
+    ASSERT_GT(pool.usage().in_chunks, 0u);
+    const std::size_t reserved = pool.state().reserved_bytes;
+    pool.mark_step();  // the second: free chunks go back, the others are split
+    const auto after = pool.counters();
+    EXPECT_GT(after.chunks_released, before.chunks_released) << "the free chunks did not go back";
+    if (split) {
+      EXPECT_EQ(pool.usage().in_chunks, 0u) << "a chunk stayed past the second mark";
+      EXPECT_GT(after.chunks_split, 0u);
+      // The split changes what backs the blocks, not how much: the pages of
+      // the free chunks went back, the others are there as single pages.
+      EXPECT_EQ(pool.state().reserved_bytes,
+                reserved - (after.chunk_pages_released - before.chunk_pages_released -
+                            (after.pages_created - before.pages_created - 8)) * PG);
+    } else {
+      EXPECT_GT(pool.usage().in_chunks, 0u);
+      EXPECT_EQ(after.chunks_split, 0u);
+    }
+    EXPECT_TRUE(holds(s.w1, s.W1, 3)) << "the bytes of a block over split chunks changed";
+    EXPECT_TRUE(holds(s.w2, s.W2, 11));
+    consistent(pool, *dev);
+    EXPECT_GE(pool.state().peak_reserved_bytes, pool.state().reserved_bytes);
+    // Later marks split nothing more, and the pool goes on as usual.
+    pool.mark_step();
+    EXPECT_EQ(pool.counters().chunks_split, after.chunks_split);
+    frees_all(pool, *dev, {{s.w1, s.W1}, {s.w2, s.W2}});
+  }
+}
+
+TEST(pool_chunks, a_chunk_that_cannot_be_split_stays_whole_with_its_bytes) {
+  // No room for its pages, a failing copy, pages that cannot be mapped in its
+  // place (the chunk goes back in: its bytes come from the scratch pages on a
+  // device whose mappings keep none): the chunk stays, the blocks over it
+  // keep their bytes, the pool stays consistent and goes on.
+  for (int how = 0; how < 4; ++how) {
+    SCOPED_TRACE(how);
+    auto dev = std::make_shared<split_device>(std::make_shared<host_page_device>(4 * GiB));
+    pool_resource pool(dev, nullptr, chunks(16 * MiB));
+    first_step s{pool};
+    s.run();
+    const std::size_t in_chunks = pool.usage().in_chunks;
+    ASSERT_GT(in_chunks, 0u);
+    dev->creates = dev->copies_ = dev->maps = 0;
+    if (how == 0) dev->fail_create_at = 3;   // the scratch pages
+    if (how == 1) dev->fail_create_at = 12;  // the first chunk's pages (8 scratch pages first)
+    if (how == 2) dev->fail_copy_at = 1;     // into the scratch pages
+    if (how == 3) dev->fail_map_at = 2;      // the first chunk's pages in its place (the scratch pages first)
+    pool.mark_step();
+    EXPECT_EQ(pool.counters().chunks_split, 0u);
+    EXPECT_GT(pool.usage().in_chunks, 0u) << "the chunk under a live block went";
+    EXPECT_TRUE(holds(s.w1, s.W1, 3)) << "a failed split lost a block's bytes";
+    EXPECT_TRUE(holds(s.w2, s.W2, 11));
+    consistent(pool, *dev);
+    dev->fail_create_at = dev->fail_copy_at = dev->fail_map_at = 0;
+    pool.deallocate(s.w2, s.W2, 0);
+    goes_on(pool, *dev, 200 * MiB, s.w1, s.W1);
+  }
+}

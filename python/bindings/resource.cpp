@@ -122,6 +122,7 @@ void bind_resource(nb::module_& m) {
             d["pages_ahead_used"] = c.pages_ahead_used;
             d["chunks_created"] = c.chunks_created;
             d["chunks_released"] = c.chunks_released;
+            d["chunks_split"] = c.chunks_split;
             d["growth_chunks"] = c.growth_chunks;
             d["chunk_pages_created"] = c.chunk_pages_created;
             d["chunk_pages_released"] = c.chunk_pages_released;

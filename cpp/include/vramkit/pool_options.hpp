@@ -92,6 +92,17 @@ struct pool_options {
   // that growth comes in chunks rather than in single pages for the blocks
   // smaller than a chunk.
   bool growth_chunks = false;
+  // With chunks and plan_steps: at the second mark, once the chunks lying
+  // wholly in free memory have gone back, the chunks left under live blocks
+  // are split into single pages, so that no chunk stays in the pool past the
+  // first steps (a chunk cannot move: one left under a long-lived block pins
+  // its free part, and the memory around it). The pool waits for all of the
+  // device's work, then for each chunk creates its pages, maps them at a
+  // spare address, copies the chunk's bytes there, and maps them in the
+  // chunk's place before the chunk goes back: at most one chunk more is held
+  // at a time. A chunk whose pages cannot be had stays as it is. Needs a page
+  // device that copies (vmm and host do).
+  bool split_chunks = true;
   // Step plans (paged pools): where a program repeats the same steps (a
   // training loop) and says where each begins (pool_resource::mark_step), the
   // pool records one step's large requests and when each was freed, lays them

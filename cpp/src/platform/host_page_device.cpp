@@ -102,6 +102,10 @@ void host_page_device::map(std::uintptr_t va, const page_handle*, std::size_t co
     throw cuda_error(std::string("host device: map failed: ") + std::strerror(errno), errno);
 }
 
+void host_page_device::copy(std::uintptr_t dst, std::uintptr_t src, std::size_t bytes) {
+  std::memmove(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes);
+}
+
 void host_page_device::unmap(std::uintptr_t va, std::size_t count) noexcept {
   page_call_clock::scope t(clock_.unmap);
   ::mmap(reinterpret_cast<void*>(va), count * granularity_, PROT_NONE,

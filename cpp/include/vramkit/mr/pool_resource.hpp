@@ -35,6 +35,9 @@ struct pool_counters {
   std::size_t growth_chunks = 0;    // growth_chunks: chunks made reaching past their block (in chunks_created)
   std::size_t chunk_pages_created = 0;   // chunk_size: pages of the chunks made (chunk_min_size: of any size)
   std::size_t chunk_pages_released = 0;  // chunk_size: pages of the chunks given back
+  std::size_t chunks_split = 0;     // split_chunks: chunks split into single pages (in chunks_released; their
+                                    // new pages and the scratch pages their bytes passed through count in
+                                    // pages_created and pages_mapped)
   std::size_t pages_taken_early = 0; // remap_own: pages moved from the requester's own free blocks before its
                                      // stream's work was known done (in pages_remapped)
   std::size_t early_waits = 0;       // remap_own: waits for the GPU before an old address of such a page was unmapped

@@ -94,6 +94,17 @@ class page_device {
   // Waits for all work on the device (the host has none).
   virtual void synchronize() {}
 
+  // Copies `bytes` from src to dst (both mapped here) and returns when they
+  // are there. copies() says whether the device can (the pool then splits
+  // chunks into single pages: pool_options::split_chunks).
+  virtual bool copies() const noexcept { return false; }
+  virtual void copy(std::uintptr_t /*dst*/, std::uintptr_t /*src*/, std::size_t /*bytes*/) {
+    throw invalid_argument("this page device copies nothing");
+  }
+  // Whether a page mapped at two addresses shows the same bytes at both (the
+  // CUDA driver's handles do; the host simulation maps fresh memory each time).
+  virtual bool aliases() const noexcept { return true; }
+
   // Time spent in this device's page calls so far (zeros when it does not
   // measure them).
   virtual page_call_times call_times() const noexcept { return {}; }

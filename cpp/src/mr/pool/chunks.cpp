@@ -8,6 +8,8 @@
 // gives back a chunk lying wholly inside free memory and makes pages instead
 // (steal, page_supply.cpp). Words used here are defined in glossary.hpp.
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
 #include <vector>
 
 #include "pool_impl.hpp"
@@ -184,6 +186,165 @@ std::size_t pool_resource::impl::give_back_chunk(detail::arena* a, std::size_t c
   ++st.upstream_frees;
   st.upstream_free_bytes += n * page;
   return n;
+}
+
+// split_chunks, at the second mark: every chunk left (each lies under a live
+// block: the free ones have just gone back) becomes single pages, so that no
+// chunk stays past the first steps. The device's work is all waited for
+// first (the blocks over a chunk may be in use on any stream). A chunk's
+// bytes pass through scratch pages mapped once at a spare address (one
+// chunk's worth, held while the chunks are split). Stops at the first chunk
+// that cannot be split (no room for its pages, a failing call): the chunks
+// left stay as they are. Returns the chunks split.
+std::size_t pool_resource::impl::split_chunks() noexcept {
+  if (!chunk_pages || !opt.split_chunks || !pages->copies()) return 0;
+  std::size_t largest = 0;  // pages of the largest chunk left
+  for (detail::arena* a : arenas) {
+    if (!a->paged || a->small || a->chunk_bits.empty()) continue;
+    for (std::size_t p = 0; p < a->top;) {
+      if (!a->in_chunk(p)) {
+        ++p;
+        continue;
+      }
+      const auto [c, n] = chunk_span(a, p);
+      largest = std::max(largest, n);
+      p = c + n;
+    }
+  }
+  if (!largest || reserved + largest * page > limit) return 0;
+  std::vector<page_handle> scratch, hs;
+  std::uintptr_t spare = 0;
+  bool mapped = false;
+  auto release = [&] {
+    if (mapped) pages->unmap(spare, largest);
+    if (spare) pages->unreserve(spare, largest * page);
+    for (page_handle h : scratch) pages->destroy(h);
+  };
+  try {
+    scratch.reserve(largest);
+    hs.reserve(largest);
+    pages->synchronize();
+    spare = pages->reserve(largest * page);
+    for (std::size_t i = 0; i < largest; ++i) {
+      const page_handle h = pages->create();
+      if (!h) {
+        release();
+        return 0;
+      }
+      scratch.push_back(h);
+    }
+    pages->map(spare, scratch.data(), largest);
+    mapped = true;
+  } catch (...) {
+    release();
+    return 0;
+  }
+  const std::size_t held = reserved;
+  reserved += largest * page;  // the scratch pages, counted while they are held
+  peak_reserved = std::max(peak_reserved, reserved);
+  std::size_t split = 0;
+  for (detail::arena* a : arenas) {
+    if (!a->paged || a->small || a->chunk_bits.empty()) continue;
+    bool ok = true;
+    for (std::size_t p = 0; ok && chunk_pages && p < a->top;) {
+      if (!a->in_chunk(p)) {
+        ++p;
+        continue;
+      }
+      const auto [c, n] = chunk_span(a, p);
+      ok = split_chunk(a, c, n, spare, hs);
+      split += ok;
+      p = c + n;
+    }
+    if (!ok) break;
+  }
+  release();
+  reserved -= largest * page;
+  (void)held;
+  ctr.pages_created += largest;
+  ctr.pages_mapped += largest;
+  ctr.pages_unmapped += largest;
+  ctr.pages_destroyed += largest;
+  ++ctr.map_calls;
+  return split;
+}
+
+// Splits the chunk of n pages at page c of arena a into n new single pages
+// holding its bytes: they are created, the chunk's bytes copied to the
+// scratch pages at `spare`, the chunk unmapped, the pages mapped in its place
+// and the bytes copied back, and the chunk goes. If the pages cannot be
+// mapped there, the chunk is mapped back (its handle still holds the bytes).
+bool pool_resource::impl::split_chunk(detail::arena* a, std::size_t c, std::size_t n, std::uintptr_t spare,
+                                      std::vector<page_handle>& hs) noexcept {
+  const std::uintptr_t at = a->base + c * page;
+  const std::size_t bytes = n * page;
+  const page_handle chunk_h = a->handles[c];
+  hs.clear();
+  auto drop = [&] {
+    for (page_handle h : hs) pages->destroy(h);
+    hs.clear();
+  };
+  if (reserved + bytes > limit) return false;
+  for (std::size_t i = 0; i < n; ++i) {
+    page_handle h = 0;
+    try {
+      h = pages->create();
+    } catch (...) {
+    }
+    if (!h) {
+      drop();
+      return false;
+    }
+    hs.push_back(h);
+  }
+  try {
+    pages->copy(spare, at, bytes);
+  } catch (...) {
+    drop();
+    return false;
+  }
+  pages->unmap(at, n);
+  try {
+    pages->map(at, hs.data(), n);
+    pages->copy(at, spare, bytes);
+  } catch (...) {
+    // Back as it was: the chunk mapped in its place with its bytes (a device
+    // whose mappings do not keep bytes gets them from the scratch pages).
+    try {
+      pages->map_chunk(at, chunk_h, n);  // (a failed map leaves nothing mapped there)
+      if (!pages->aliases()) pages->copy(at, spare, bytes);
+    } catch (...) {
+      // Live blocks lie there and the device maps neither their chunk nor
+      // pages holding their bytes: nothing the pool can hand out is sound.
+      std::fprintf(stderr, "vramkit: the device could map neither a chunk nor its new pages at %#zx "
+                           "(%zu bytes under live blocks); stopping\n", static_cast<std::size_t>(at), bytes);
+      std::abort();
+    }
+    drop();
+    return false;
+  }
+  pages->destroy(chunk_h);
+  for (std::size_t i = 0; i < n; ++i) {
+    a->handles[c + i] = hs[i];
+    a->phys[c + i] = hs[i];
+    a->set_in_chunk(c + i, false);
+  }
+  hs.clear();
+  chunk_pages -= n;
+  peak_reserved = std::max(peak_reserved, reserved + bytes);  // the chunk and its pages were held at once
+  ctr.pages_created += n;
+  ctr.pages_mapped += n;
+  ctr.pages_unmapped += n;
+  ctr.pages_destroyed += n;
+  ++ctr.map_calls;
+  ++ctr.chunks_released;
+  ctr.chunk_pages_released += n;
+  ++ctr.chunks_split;
+  st.upstream_allocs += n;
+  st.upstream_alloc_bytes += bytes;
+  ++st.upstream_frees;
+  st.upstream_free_bytes += bytes;
+  return true;
 }
 
 // Gives back the chunks a backing that did not complete made.

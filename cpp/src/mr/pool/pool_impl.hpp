@@ -183,6 +183,9 @@ struct pool_resource::impl {
   bool chunks_now() const noexcept { return plan.marks < 2; }
   bool make_chunk_at(detail::arena* a, std::size_t c, std::size_t n);
   std::size_t give_back_chunk(detail::arena* a, std::size_t c) noexcept;  // returns its pages
+  std::size_t split_chunks() noexcept;  // returns the chunks split
+  bool split_chunk(detail::arena* a, std::size_t c, std::size_t n, std::uintptr_t spare,
+                   std::vector<page_handle>& hs) noexcept;
 
   // ---- page mapping (page_mapping.cpp) -----------------------------------
   bool back(block* b, std::size_t size, std::size_t need_live, std::uint32_t slot, std::size_t& newly);

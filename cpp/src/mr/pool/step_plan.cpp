@@ -95,8 +95,10 @@ void pool_resource::impl::mark_step() {
 // the driver's time for those pages moves to the next step, where single
 // pages are made. Only memory the GPU is done with goes: the pool waits for
 // the streams' work freed so far (not while one of its streams is being
-// captured, when it takes what is known done). True when it could wait (the
-// chunks left are under live blocks); false to try again at the next mark.
+// captured, when it takes what is known done). The chunks left lie under
+// live blocks: with split_chunks they are then split into single pages, after
+// all of the device's work is done. True when it could wait; false to try
+// again at the next mark.
 // (A program that captures its steps in CUDA graphs from another stream
 // should not mark while capturing: vramkit.torch's marks skip captures.)
 bool pool_resource::impl::plan_give_back_chunks() noexcept {
@@ -129,6 +131,9 @@ bool pool_resource::impl::plan_give_back_chunks() noexcept {
         c += chunk_min;
       }
   }
+  // The chunks left lie under live blocks: split into single pages
+  // (split_chunks), after the device's work is all done.
+  if (wait) split_chunks();
   return wait;
 }
 

@@ -240,6 +240,13 @@ class vmm_device final : public page_device {
   }
   void attach_thread() override { VK_CUDA(cudaSetDevice(device_)); }
   void synchronize() override { synchronize_device(device_); }
+  bool copies() const noexcept override { return true; }
+  void copy(std::uintptr_t dst, std::uintptr_t src, std::size_t bytes) override {
+    device_guard g(device_);
+    VK_CUDA(cudaMemcpy(reinterpret_cast<void*>(dst), reinterpret_cast<const void*>(src), bytes,
+                       cudaMemcpyDeviceToDevice));
+    VK_CUDA(cudaDeviceSynchronize());  // a device-to-device copy may return before it is done
+  }
   int device() const noexcept override { return device_; }
   std::string name() const override { return "vmm"; }
   device_properties properties() const override { return cuda::properties(device_); }
