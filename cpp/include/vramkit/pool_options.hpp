@@ -76,8 +76,9 @@ struct pool_options {
   // made MoE training (sizes that change with the routing) move up to 1,000
   // pages in a step from step 15 or 19 on, where single pages move none after
   // step 8 (docs/BENCHMARKS.md section 5, "Chunks against the pair on
-  // MoE"). 0 (the default), or at most one page: single pages only; 16MiB
-  // for a process whose first step matters more than its later ones.
+  // MoE"; that was before split_chunks). 0 (the default), or at most one
+  // page: single pages only; 64MiB with chunk_min_size 4MiB (and
+  // split_chunks) for a process whose first step matters.
   std::size_t chunk_size = 0;
   // With chunks: the smallest chunk (bytes, 0: chunk_size, chunks of one
   // size). Where a whole chunk_size does not fit inside a block, the pool

@@ -6,7 +6,10 @@
 // (the driver maps a handle only whole), so it never moves: the pool steals
 // single pages only, and when it must move memory that a chunk holds, it
 // gives back a chunk lying wholly inside free memory and makes pages instead
-// (steal, page_supply.cpp). Words used here are defined in glossary.hpp.
+// (steal, page_supply.cpp). With plan_steps chunks are made only until the
+// second mark, where the chunks left under live blocks are split into single
+// pages holding their bytes (split_chunks, below). Words used here are
+// defined in glossary.hpp.
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>

@@ -84,7 +84,10 @@
 //                never moved or stolen page by page: when memory must move, a
 //                chunk lying wholly inside a free block is given back instead
 //                (its room lets single pages be made), and trim gives chunks
-//                back the same way. `chunk_bits` marks its pages.
+//                back the same way. `chunk_bits` marks its pages. With
+//                plan_steps, made only until the second mark, where the free
+//                ones go back and the others are split (split_chunks): new
+//                single pages take the chunk's bytes and its place.
 //                chunk_min_size: where a whole chunk does not fit, chunks of
 //                chunk/2, chunk/4, ... down to `chunk_min` pages, each at a
 //                multiple of its own size (so inside one chunk place); a
