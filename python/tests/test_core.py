@@ -242,6 +242,30 @@ def test_chunk_min_size_from_python_counts_chunk_pages():
         vramkit.make_resource("pool:chunk_size:24MiB,chunk_min_size:8MiB", 0)
 
 
+def test_split_chunks_from_python_leaves_no_chunk_after_the_second_mark():
+    """split_chunks through a pool conf string: a block kept from the first step lies over chunks;
+    at the second mark they become single pages (counted in chunks_split), with split_chunks:false
+    they stay."""
+    MiB = 1 << 20
+    for split in (True, False):
+        r = vramkit.make_resource(f"pool:chunk_size:16MiB,chunk_min_size:4MiB,split_chunks:{str(split).lower()}", 0)
+        r.mark_step()  # the program's start
+        w = r.allocate(60 * MiB)
+        t = r.allocate(40 * MiB)
+        r.deallocate(t, 40 * MiB)
+        assert r.pool_page_usage()["in_chunks"] > 0
+        r.mark_step()  # the second: the free chunks go back, the others are split (or kept)
+        c = r.pool_counters()
+        if split:
+            assert c["chunks_split"] == 5 and r.pool_page_usage()["in_chunks"] == 0, c
+        else:
+            assert c["chunks_split"] == 0 and r.pool_page_usage()["in_chunks"] == 30, c
+        r.check_invariants()
+        r.deallocate(w, 60 * MiB)
+        r.release_cached()
+        assert r.pool_page_usage()["mapped_large"] == 0
+
+
 def test_pool_counters_time_the_page_calls():
     """pool_counters() carries the wall time inside the page device's calls: the host device's
     mmap calls for mapping and unmapping, its bookkeeping for creating and destroying pages."""
