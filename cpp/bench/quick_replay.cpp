@@ -99,7 +99,6 @@ struct hazard_pages : vramkit::page_device {
   vramkit::page_handle create_chunk(std::size_t pages) override { return in->create_chunk(pages); }
   bool copies() const noexcept override { return in->copies(); }
   void copy(std::uintptr_t dst, std::uintptr_t src, std::size_t n) override { in->copy(dst, src, n); }
-  bool aliases() const noexcept override { return in->aliases(); }
   void map_chunk(std::uintptr_t va, vramkit::page_handle h, std::size_t pages) override {
     in->map_chunk(va, h, pages);
     for (std::size_t i = 0; i < pages; ++i) mapped.insert(va + i * granularity());

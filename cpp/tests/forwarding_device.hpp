@@ -28,7 +28,6 @@ class forwarding_device : public page_device {
   void synchronize() override { in_->synchronize(); }
   bool copies() const noexcept override { return in_->copies(); }
   void copy(std::uintptr_t dst, std::uintptr_t src, std::size_t n) override { in_->copy(dst, src, n); }
-  bool aliases() const noexcept override { return in_->aliases(); }
   int device() const noexcept override { return 0; }
   device_properties properties() const override { return in_->properties(); }
   page_call_times call_times() const noexcept override { return in_->call_times(); }

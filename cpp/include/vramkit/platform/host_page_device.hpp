@@ -28,7 +28,6 @@ class host_page_device final : public page_device {
   void map_chunk(std::uintptr_t va, page_handle h, std::size_t pages) override;
   bool copies() const noexcept override { return true; }
   void copy(std::uintptr_t dst, std::uintptr_t src, std::size_t bytes) override;
-  bool aliases() const noexcept override { return false; }
   void map(std::uintptr_t va, const page_handle* handles, std::size_t count) override;
   void unmap(std::uintptr_t va, std::size_t count) noexcept override;
   bool map_replaces() const noexcept override { return true; }  // mmap(MAP_FIXED) replaces

@@ -101,9 +101,6 @@ class page_device {
   virtual void copy(std::uintptr_t /*dst*/, std::uintptr_t /*src*/, std::size_t /*bytes*/) {
     throw invalid_argument("this page device copies nothing");
   }
-  // Whether a page mapped at two addresses shows the same bytes at both (the
-  // CUDA driver's handles do; the host simulation maps fresh memory each time).
-  virtual bool aliases() const noexcept { return true; }
 
   // Time spent in this device's page calls so far (zeros when it does not
   // measure them).

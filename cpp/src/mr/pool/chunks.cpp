@@ -231,6 +231,7 @@ std::size_t pool_resource::impl::split_chunks() noexcept {
     for (std::size_t i = 0; i < largest; ++i) {
       const page_handle h = pages->create();
       if (!h) {
+        peak_reserved = std::max(peak_reserved, reserved + scratch.size() * page);  // held for a moment
         release();
         return 0;
       }
@@ -242,7 +243,6 @@ std::size_t pool_resource::impl::split_chunks() noexcept {
     release();
     return 0;
   }
-  const std::size_t held = reserved;
   reserved += largest * page;  // the scratch pages, counted while they are held
   peak_reserved = std::max(peak_reserved, reserved);
   std::size_t split = 0;
@@ -263,12 +263,15 @@ std::size_t pool_resource::impl::split_chunks() noexcept {
   }
   release();
   reserved -= largest * page;
-  (void)held;
   ctr.pages_created += largest;
   ctr.pages_mapped += largest;
   ctr.pages_unmapped += largest;
   ctr.pages_destroyed += largest;
   ++ctr.map_calls;
+  st.upstream_allocs += largest;
+  st.upstream_alloc_bytes += largest * page;
+  st.upstream_frees += largest;
+  st.upstream_free_bytes += largest * page;
   return split;
 }
 
@@ -295,6 +298,7 @@ bool pool_resource::impl::split_chunk(detail::arena* a, std::size_t c, std::size
     } catch (...) {
     }
     if (!h) {
+      peak_reserved = std::max(peak_reserved, reserved + hs.size() * page);
       drop();
       return false;
     }
@@ -303,19 +307,24 @@ bool pool_resource::impl::split_chunk(detail::arena* a, std::size_t c, std::size
   try {
     pages->copy(spare, at, bytes);
   } catch (...) {
+    peak_reserved = std::max(peak_reserved, reserved + bytes);
     drop();
     return false;
   }
   pages->unmap(at, n);
+  bool placed = false;
   try {
     pages->map(at, hs.data(), n);
+    placed = true;
     pages->copy(at, spare, bytes);
   } catch (...) {
-    // Back as it was: the chunk mapped in its place with its bytes (a device
-    // whose mappings do not keep bytes gets them from the scratch pages).
+    // Back as it was: the chunk mapped in its place, its bytes copied back
+    // from the scratch pages (a device may not keep a handle's bytes over an
+    // unmap; the host simulation does not).
+    if (placed) pages->unmap(at, n);  // (a failed map leaves nothing mapped there)
     try {
-      pages->map_chunk(at, chunk_h, n);  // (a failed map leaves nothing mapped there)
-      if (!pages->aliases()) pages->copy(at, spare, bytes);
+      pages->map_chunk(at, chunk_h, n);
+      pages->copy(at, spare, bytes);
     } catch (...) {
       // Live blocks lie there and the device maps neither their chunk nor
       // pages holding their bytes: nothing the pool can hand out is sound.
@@ -323,6 +332,7 @@ bool pool_resource::impl::split_chunk(detail::arena* a, std::size_t c, std::size
                            "(%zu bytes under live blocks); stopping\n", static_cast<std::size_t>(at), bytes);
       std::abort();
     }
+    peak_reserved = std::max(peak_reserved, reserved + bytes);  // the chunk's pages were held for a moment
     drop();
     return false;
   }
