@@ -279,7 +279,8 @@ std::size_t pool_resource::impl::split_chunks() noexcept {
 // holding its bytes: they are created, the chunk's bytes copied to the
 // scratch pages at `spare`, the chunk unmapped, the pages mapped in its place
 // and the bytes copied back, and the chunk goes. If the pages cannot be
-// mapped there, the chunk is mapped back (its handle still holds the bytes).
+// mapped there or take the bytes, the chunk is mapped back and the bytes
+// copied back into it from the scratch pages.
 bool pool_resource::impl::split_chunk(detail::arena* a, std::size_t c, std::size_t n, std::uintptr_t spare,
                                       std::vector<page_handle>& hs) noexcept {
   const std::uintptr_t at = a->base + c * page;
