@@ -98,11 +98,14 @@ struct pool_options {
   // are split into single pages, so that no chunk stays in the pool past the
   // first steps (a chunk cannot move: one left under a long-lived block pins
   // its free part, and the memory around it). The pool waits for all of the
-  // device's work, then for each chunk creates its pages, maps them at a
-  // spare address, copies the chunk's bytes there, and maps them in the
-  // chunk's place before the chunk goes back: at most one chunk more is held
-  // at a time. A chunk whose pages cannot be had stays as it is. Needs a page
-  // device that copies (vmm and host do).
+  // device's work, maps one chunk's worth of scratch pages at a spare
+  // address, and for each chunk creates its pages, copies its bytes to the
+  // scratch pages, unmaps it, maps the new pages in its place and copies the
+  // bytes back before the chunk goes: the scratch pages and one chunk's new
+  // pages are held beside the pool meanwhile. A chunk whose pages cannot be
+  // had or mapped stays as it is, with its bytes. Needs a page device that
+  // copies (vmm and host do). Nothing else may use the chunks' memory at that
+  // mark (docs/configuration.md).
   bool split_chunks = true;
   // Step plans (paged pools): where a program repeats the same steps (a
   // training loop) and says where each begins (pool_resource::mark_step), the
