@@ -201,19 +201,26 @@ std::size_t pool_resource::impl::give_back_chunk(detail::arena* a, std::size_t c
 // left stay as they are. Returns the chunks split.
 std::size_t pool_resource::impl::split_chunks() noexcept {
   if (!chunk_pages || !opt.split_chunks || !pages->copies()) return 0;
-  std::size_t largest = 0;  // pages of the largest chunk left
-  for (detail::arena* a : arenas) {
-    if (!a->paged || a->small || a->chunk_bits.empty()) continue;
-    for (std::size_t p = 0; p < a->top;) {
-      if (!a->in_chunk(p)) {
-        ++p;
-        continue;
+  // Each chunk left (arena, first page, pages) to f, in address order, while f returns true.
+  auto each_chunk = [this](auto&& f) {
+    for (detail::arena* a : arenas) {
+      if (!a->paged || a->small || a->chunk_bits.empty()) continue;
+      for (std::size_t p = 0; chunk_pages && p < a->top;) {
+        if (!a->in_chunk(p)) {
+          ++p;
+          continue;
+        }
+        const std::pair<std::size_t, std::size_t> span = chunk_span(a, p);
+        if (!f(a, span.first, span.second)) return;
+        p = span.first + span.second;
       }
-      const auto [c, n] = chunk_span(a, p);
-      largest = std::max(largest, n);
-      p = c + n;
     }
-  }
+  };
+  std::size_t largest = 0;  // pages of the largest chunk left
+  each_chunk([&](detail::arena*, std::size_t, std::size_t n) {
+    largest = std::max(largest, n);
+    return true;
+  });
   if (!largest || reserved + largest * page > limit) return 0;
   std::vector<page_handle> scratch, hs;
   std::uintptr_t spare = 0;
@@ -246,21 +253,11 @@ std::size_t pool_resource::impl::split_chunks() noexcept {
   reserved += largest * page;  // the scratch pages, counted while they are held
   peak_reserved = std::max(peak_reserved, reserved);
   std::size_t split = 0;
-  for (detail::arena* a : arenas) {
-    if (!a->paged || a->small || a->chunk_bits.empty()) continue;
-    bool ok = true;
-    for (std::size_t p = 0; ok && chunk_pages && p < a->top;) {
-      if (!a->in_chunk(p)) {
-        ++p;
-        continue;
-      }
-      const auto [c, n] = chunk_span(a, p);
-      ok = split_chunk(a, c, n, spare, hs);
-      split += ok;
-      p = c + n;
-    }
-    if (!ok) break;
-  }
+  each_chunk([&](detail::arena* a, std::size_t c, std::size_t n) {
+    if (!split_chunk(a, c, n, spare, hs)) return false;  // the chunks left stay as they are
+    ++split;
+    return true;
+  });
   release();
   reserved -= largest * page;
   ctr.pages_created += largest;
