@@ -13,6 +13,7 @@
 #include "vramkit/mr/statistics_adaptor.hpp"
 #include "vramkit/platform/cuda.hpp"
 #include "vramkit/platform/host_page_device.hpp"
+#include "forwarding_device.hpp"
 
 using namespace vramkit;
 
@@ -313,4 +314,79 @@ TEST(pool_vmm_split_chunks, the_second_mark_splits_chunks_keeping_the_bytes_of_t
   pool.deallocate_checked(w, W, 0);
   pool.release_cached();
   EXPECT_EQ(pool.state().reserved_bytes, 0u);
+}
+
+// split_chunks' ways back on the driver: a split that fails part way (no page
+// to be had, a copy or a mapping refused) leaves the chunk mapped whole where
+// it was, with the bytes of the blocks over it, and the pool goes on. The
+// failures are injected over the real driver, which itself refuses to map an
+// address that is mapped already.
+namespace {
+class failing_vmm final : public test::forwarding_device {
+ public:
+  using forwarding_device::forwarding_device;
+  page_handle create() override {
+    if (fail_create_at && ++creates == fail_create_at) return 0;  // no room
+    return in_->create();
+  }
+  void copy(std::uintptr_t dst, std::uintptr_t src, std::size_t n) override {
+    if (fail_copy_at && ++copies_ == fail_copy_at) throw cuda_error("injected copy failure", 1);
+    in_->copy(dst, src, n);
+  }
+  void map(std::uintptr_t va, const page_handle* h, std::size_t n) override {
+    if (fail_map_at && ++maps == fail_map_at) throw cuda_error("injected map failure", 1);
+    in_->map(va, h, n);
+  }
+  int device() const noexcept override { return in_->device(); }
+  std::string name() const override { return "failing " + in_->name(); }
+  int fail_create_at = 0, fail_copy_at = 0, fail_map_at = 0, creates = 0, copies_ = 0, maps = 0;
+};
+}  // namespace
+
+TEST(pool_vmm_split_chunks, a_split_that_fails_leaves_the_chunk_whole_with_its_bytes) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "needs a CUDA device: " << cuda::unavailable_reason();
+  // Chunks of one size (8 pages), so the k-th page created is known: the
+  // scratch pages come first (8), then each chunk's 8 pages.
+  for (int how = 0; how < 6; ++how) {
+    SCOPED_TRACE(how);
+    pool_options o;
+    o.chunk_size = std::size_t{16} << 20;
+    auto dev = std::make_shared<failing_vmm>(cuda::make_vmm_device(0));
+    pool_resource pool(dev, cuda::make_stream_ops(0), o);
+    const std::size_t W = 100 * MiB + 12345, T = 64 * MiB;
+    pool.mark_step();
+    void* w = pool.allocate(W, 0);
+    void* t = pool.allocate(T, 0);
+    std::vector<unsigned char> h(W), back(W, 0);
+    std::mt19937_64 rng(7 + how);
+    for (auto& x : h) x = static_cast<unsigned char>(rng());
+    cuda::copy_to_device(w, h.data(), W);
+    pool.deallocate_checked(t, T, 0);
+    ASSERT_GT(pool.usage().in_chunks, 0u);
+    dev->creates = dev->copies_ = dev->maps = 0;
+    if (how == 0) dev->fail_create_at = 3;   // the scratch pages
+    if (how == 1) dev->fail_create_at = 12;  // the first chunk's pages
+    if (how == 2) dev->fail_copy_at = 1;     // into the scratch pages
+    if (how == 3) dev->fail_map_at = 2;      // the first chunk's pages in its place
+    if (how == 4) dev->fail_copy_at = 2;     // back into the new pages in its place
+    if (how == 5) dev->fail_create_at = 20;  // the second chunk's pages: the first is split
+    pool.mark_step();
+    EXPECT_EQ(pool.counters().chunks_split, how == 5 ? 1u : 0u);
+    EXPECT_GT(pool.usage().in_chunks, 0u) << "the chunk under a live block went";
+    pool.check_invariants();
+    cuda::copy_to_host(back.data(), w, W);
+    EXPECT_EQ(std::memcmp(h.data(), back.data(), W), 0) << "a failed split lost a block's bytes";
+    dev->fail_create_at = dev->fail_copy_at = dev->fail_map_at = 0;
+    // The pool goes on: a new block, written and read back.
+    void* n = pool.allocate(T, 0);
+    std::vector<unsigned char> z(T, 0x3c), zb(T, 0);
+    cuda::copy_to_device(n, z.data(), T);
+    cuda::copy_to_host(zb.data(), n, T);
+    EXPECT_EQ(zb, z);
+    pool.deallocate_checked(n, T, 0);
+    pool.deallocate_checked(w, W, 0);
+    pool.release_cached();
+    pool.check_invariants();
+    EXPECT_EQ(pool.state().reserved_bytes, 0u);
+  }
 }
