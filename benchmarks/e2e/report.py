@@ -176,14 +176,15 @@ def plan_counts(run: dict) -> tuple[int, int] | None:
 PAGE_CALL_KEYS = ("page_create_ns", "page_map_ns", "page_unmap_ns", "page_destroy_ns")
 
 
-def _page_call_ms_per_step(run: dict) -> list[float] | None:
-    """Each step's time inside the pool's page device calls, in ms; None without the figures."""
+def _page_call_ms_per_step(run: dict, keys: tuple[str, ...] = PAGE_CALL_KEYS) -> list[float] | None:
+    """Each step's time inside the pool's page device calls (or the pool's other timed counters:
+    ``keys``), in ms; None without the figures."""
     steps = run.get("step_page_ops")
     if not isinstance(steps, list) or not steps or not all(isinstance(s, dict) for s in steps):
         return None
-    if not any(k in steps[0] for k in PAGE_CALL_KEYS):
+    if not any(k in steps[0] for k in keys):
         return None
-    return [sum(s.get(k, 0) for k in PAGE_CALL_KEYS) / 1e6 for s in steps]
+    return [sum(s.get(k, 0) for k in keys) / 1e6 for s in steps]
 
 
 def _warm(run: dict, per: list[float]) -> list[float]:
@@ -195,6 +196,17 @@ def page_call_ms(run: dict) -> tuple[float | None, float | None]:
     in the first step and, as a median, in the warm steps (after ``warmup``), in ms; None without
     the figures (PyTorch's allocators, older records)."""
     per = _page_call_ms_per_step(run)
+    if per is None:
+        return None, None
+    warm = _warm(run, per)
+    return per[0], (statistics.median(warm) if warm else None)
+
+
+def gpu_wait_ms(run: dict) -> tuple[float | None, float | None]:
+    """Time the pool waited for the GPU (``gpu_wait_ns``: events, a stream's queued work, the
+    whole device before chunks were split) in the first step and, as a median, in the warm steps,
+    in ms; None without the figures."""
+    per = _page_call_ms_per_step(run, ("gpu_wait_ns",))
     if per is None:
         return None, None
     warm = _warm(run, per)
@@ -263,6 +275,9 @@ def summarize(runs: list[dict], workloads: list[str], allocators: list[str]) -> 
             row["page_calls_cold_ms"] = _median_or_none([c[0] for c in calls])
             row["page_calls_warm_ms"] = _median_or_none([c[1] for c in calls])
             row["page_calls_warm_sum_ms"] = _median_or_none([page_call_warm_sum_ms(r) for r in good])
+            waits = [gpu_wait_ms(r) for r in good]
+            row["gpu_wait_cold_ms"] = _median_or_none([w[0] for w in waits])
+            row["gpu_wait_warm_ms"] = _median_or_none([w[1] for w in waits])
             for k in PROFILE_KEYS:  # --profile-step: the extra step under torch.profiler
                 row["profile_" + k] = _median_or_none([(r.get("profile") or {}).get(k) for r in good])
             controls = control_medians(good)

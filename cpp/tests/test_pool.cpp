@@ -7,6 +7,7 @@
 #include <map>
 #include <memory>
 #include <random>
+#include <chrono>
 #include <thread>
 
 #include "forwarding_device.hpp"
@@ -681,6 +682,39 @@ TEST(pool, remap_own_does_not_wait_for_work_a_reclaim_showed_done) {
   pool.deallocate_checked(y, 0, S);
   pool.deallocate_checked(a2, 0, S);
   pool.deallocate_checked(u, 0, T);
+  pool.check_invariants();
+}
+
+// gpu_wait_ns: the pool's waits for the GPU, timed. A GPU that takes 3 ms to
+// finish what the pool waits for; the remap_own case above waits once.
+TEST(pool, gpu_wait_ns_counts_the_time_the_pool_waited_for_the_gpu) {
+  struct slow_events : ordered_events {
+    void wait(event_id e) override {
+      std::this_thread::sleep_for(std::chrono::milliseconds(3));
+      ordered_events::wait(e);
+    }
+  };
+  auto ev = std::make_shared<slow_events>();
+  auto owned = single_page_pool(ev, true);
+  pool_resource& pool = *owned;
+  const stream_t s = 0x10;
+  std::vector<void*> v;
+  for (int i = 0; i < 32; ++i) v.push_back(pool.allocate(8 * MiB, s));
+  for (int i = 0; i < 32; i += 2) pool.deallocate_checked(v[i], 0, s);
+  void* big = pool.allocate(120 * MiB, s);  // takes the stream's frees early: no wait
+  EXPECT_EQ(ev->waits, 0);
+  EXPECT_EQ(pool.counters().gpu_wait_ns, 0u);
+  std::vector<void*> again;
+  for (int i = 0; i < 16; ++i) again.push_back(pool.allocate(8 * MiB, s));  // waits once
+  ASSERT_EQ(ev->waits, 1);
+  const std::uint64_t w = pool.counters().gpu_wait_ns;
+  EXPECT_GE(w, 3'000'000u);
+  EXPECT_LT(w, 3'000'000'000u);
+  for (void* p : again) pool.deallocate_checked(p, 0, s);
+  pool.deallocate_checked(big, 0, s);
+  for (int i = 1; i < 32; i += 2) pool.deallocate_checked(v[i], 0, s);
+  pool.release_cached();
+  EXPECT_GE(pool.counters().gpu_wait_ns, w + 3'000'000u * static_cast<std::uint64_t>(ev->waits - 1));
   pool.check_invariants();
 }
 

@@ -139,6 +139,7 @@ void bind_resource(nb::module_& m) {
             d["page_map_ns"] = c.page_map_ns;
             d["page_unmap_ns"] = c.page_unmap_ns;
             d["page_destroy_ns"] = c.page_destroy_ns;
+            d["gpu_wait_ns"] = c.gpu_wait_ns;
             d["page_size"] = p->page_size();
             d["paged"] = p->paged();
             d["options"] = p->options().to_string();

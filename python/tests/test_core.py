@@ -279,6 +279,7 @@ def test_pool_counters_time_the_page_calls():
     r.release_cached()
     c2 = r.pool_counters()
     assert c2["page_unmap_ns"] > c1["page_unmap_ns"] and c2["page_destroy_ns"] > c1["page_destroy_ns"], c2
+    assert c2["gpu_wait_ns"] == 0, c2  # the host device's pool on the default stream waits for nothing
 
 
 def test_an_emulator_cannot_be_the_current_resource():

@@ -314,6 +314,25 @@ def test_time_in_page_calls_first_step_and_warm_median():
     assert rows["default"]["page_calls_cold_ms"] is None
 
 
+def test_time_waiting_for_the_gpu_first_step_and_warm_median():
+    """gpu_wait_ns per step (the pool's waits for events, streams, the device): the first step's
+    and the warm steps' median in ms, kept apart from the page calls; nothing without the counter."""
+    def ops(*ms):
+        return [{"page_map_ns": 1_000_000, "gpu_wait_ns": int(x * 1e6)} for x in ms]
+    runs = [_run("m", "default", 10.0, 150, 200), _run("m", "vramkit", 9.9, 110, 160),
+            _run("m", "vramkit", 11.0, 132, 170, rep=1)]
+    for r in runs:
+        r["warmup"] = 1
+    runs[1]["step_page_ops"] = ops(30, 0, 5, 1)
+    runs[2]["step_page_ops"] = [{"page_map_ns": 2_000_000}] * 4  # recorded before the counter
+    assert report.gpu_wait_ms(runs[1]) == (pytest.approx(30.0), pytest.approx(1.0))
+    assert report.page_call_ms(runs[1]) == (pytest.approx(1.0), pytest.approx(1.0))
+    assert report.gpu_wait_ms(runs[2]) == (None, None) and report.gpu_wait_ms(runs[0]) == (None, None)
+    rows = {r["allocator"]: r for r in report.summarize(runs, ["m"], ["default", "vramkit"])}
+    assert rows["vramkit"]["gpu_wait_cold_ms"] == pytest.approx(30.0)
+    assert rows["default"]["gpu_wait_cold_ms"] is None
+
+
 def test_time_in_page_calls_over_all_warm_steps():
     """The warm steps' page-call times summed (the bursts the warm median passes over: a step
     that makes a plan, a new largest shape), medians over the repeats; nothing without figures

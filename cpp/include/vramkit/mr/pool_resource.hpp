@@ -53,6 +53,11 @@ struct pool_counters {
   // and chunks, mapping (with access rights), unmapping, destroying. Zeros
   // over a non-paged upstream. (Another pool on the same device adds its own.)
   std::uint64_t page_create_ns = 0, page_map_ns = 0, page_unmap_ns = 0, page_destroy_ns = 0;
+  // Wall time the pool's calls waited for the GPU since it began, ns: for an
+  // event before memory freed on one stream served another, for a stream's
+  // queued work before its own free pages moved, for the whole device before
+  // chunks were split (split_chunks).
+  std::uint64_t gpu_wait_ns = 0;
 };
 
 struct block_info {

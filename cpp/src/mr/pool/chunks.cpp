@@ -233,7 +233,10 @@ std::size_t pool_resource::impl::split_chunks() noexcept {
   try {
     scratch.reserve(largest);
     hs.reserve(largest);
-    pages->synchronize();
+    {
+      gpu_wait w{ctr};
+      pages->synchronize();
+    }
     spare = pages->reserve(largest * page);
     for (std::size_t i = 0; i < largest; ++i) {
       const page_handle h = pages->create();

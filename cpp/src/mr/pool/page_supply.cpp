@@ -249,7 +249,10 @@ void pool_resource::impl::await_early(std::uint32_t m) {
     }
   }
   if (!done) {
-    streams->wait(early[m].e);
+    {
+      gpu_wait w{ctr};
+      streams->wait(early[m].e);
+    }
     ++ctr.early_waits;
   }
   close_early(m);
@@ -274,7 +277,10 @@ bool pool_resource::impl::acquire_some(std::size_t n, std::size_t need_live, std
     if (!opt.remap || slot == 0 || !slots[slot].steal_head) return false;
     if (!waited) {
       if (streams->capturing(slots[slot].stream)) return false;
-      streams->wait_for_stream(slots[slot].stream);
+      {
+        gpu_wait w{ctr};
+        streams->wait_for_stream(slots[slot].stream);
+      }
       waited = true;
     }
     return steal_from(slot);

@@ -23,6 +23,7 @@
 #pragma once
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstddef>
 #include <cstdint>
@@ -104,6 +105,16 @@ struct pool_resource::impl {
   std::uint64_t free_seq = 0;  // orders frees against the events that cover them
   memory_state st;  // counters only (oom_count, retries, upstream_*)
   pool_counters ctr;
+  // Adds the wall time of its scope to ctr.gpu_wait_ns: the pool waiting for
+  // the GPU (an event, a stream's queued work, the whole device).
+  struct gpu_wait {
+    pool_counters& c;
+    std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+    ~gpu_wait() {
+      c.gpu_wait_ns += static_cast<std::uint64_t>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+    }
+  };
 
   // ---- entry points (pool_resource.cpp) ----------------------------------
   void init_common();

@@ -29,7 +29,10 @@ void pool_resource::impl::process_pending(bool wait) {
         }
       }
       if (wait) {
-        streams->wait(e);
+        {
+          gpu_wait w{ctr};
+          streams->wait(e);
+        }
         continue;
       }
       bool done = false;
@@ -144,6 +147,7 @@ bool pool_resource::impl::reclaim_streams(bool wait, bool progress) {
         s.event_pending = true;
       }
       if (wait) {
+        gpu_wait w{ctr};
         streams->wait(s.event);
       } else {
         bool done = false;
