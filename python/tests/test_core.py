@@ -279,7 +279,9 @@ def test_pool_counters_time_the_page_calls():
     r.release_cached()
     c2 = r.pool_counters()
     assert c2["page_unmap_ns"] > c1["page_unmap_ns"] and c2["page_destroy_ns"] > c1["page_destroy_ns"], c2
-    assert c2["gpu_wait_ns"] == 0, c2  # the host device's pool on the default stream waits for nothing
+    # The pool's waits for the GPU (timed in the C++ tests with a GPU that takes its time): the
+    # host's streams finish at once, so release_cached's waits cost next to nothing.
+    assert 0 <= c1["gpu_wait_ns"] <= c2["gpu_wait_ns"] < 10**8, c2
 
 
 def test_an_emulator_cannot_be_the_current_resource():
