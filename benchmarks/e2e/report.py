@@ -276,8 +276,8 @@ def summarize(runs: list[dict], workloads: list[str], allocators: list[str]) -> 
             row["page_calls_warm_ms"] = _median_or_none([c[1] for c in calls])
             row["page_calls_warm_sum_ms"] = _median_or_none([page_call_warm_sum_ms(r) for r in good])
             waits = [gpu_wait_ms(r) for r in good]
-            row["gpu_wait_cold_ms"] = _median_or_none([w[0] for w in waits])
-            row["gpu_wait_warm_ms"] = _median_or_none([w[1] for w in waits])
+            row["gpu_wait_cold_ms"] = _median_or_none([x[0] for x in waits])
+            row["gpu_wait_warm_ms"] = _median_or_none([x[1] for x in waits])
             for k in PROFILE_KEYS:  # --profile-step: the extra step under torch.profiler
                 row["profile_" + k] = _median_or_none([(r.get("profile") or {}).get(k) for r in good])
             controls = control_medians(good)
