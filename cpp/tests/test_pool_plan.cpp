@@ -388,6 +388,44 @@ TEST(plan_steps, another_stream_does_not_take_a_streams_places) {
   pool.check_invariants();
 }
 
+TEST(plan_steps, another_stream_takes_a_streams_places_once_its_work_there_is_done) {
+  // As above, but the first stream's work is known done: its free blocks at
+  // the places become everyone's as the other stream's requests come, and
+  // every request of the step lands in its planned place.
+  struct always_done : stream_ops {
+    event_id record(stream_t) override { return 1; }
+    bool done(event_id) override { return true; }
+    void wait(event_id) override {}
+    void release(event_id) noexcept override {}
+  };
+  auto dev = std::make_shared<host_page_device>(4 * GiB);
+  pool_options o = planned();
+  o.remap_own = false;
+  pool_resource pool(dev, std::make_shared<always_done>(), o);
+  program prog{pool};
+  prog.stream = 0x10;
+  prog.setup();
+  run_steps(pool, prog, 5);
+  ASSERT_EQ(pool.counters().plans_made, 1u);
+  prog.give(prog.carried);
+  prog.carried.p = nullptr;
+  prog.stream = 0x20;
+  auto c0 = pool.counters();
+  pool.mark_step();
+  prog.step();
+  auto c1 = pool.counters();
+  EXPECT_EQ(c1.plan_missed, c0.plan_missed);
+  EXPECT_GT(c1.plan_placed, c0.plan_placed);
+  EXPECT_GT(c1.stream_reclaims, c0.stream_reclaims);
+  EXPECT_EQ(c1.pages_mapped, c0.pages_mapped) << "pages moved although every place was free";
+  pool.check_invariants();
+  prog.give(prog.carried);
+  prog.carried.p = nullptr;
+  prog.stream = 0x10;
+  prog.finish();
+  pool.check_invariants();
+}
+
 TEST(plan_steps, without_the_option_marks_change_nothing) {
   std::vector<std::vector<void*>> runs;
   for (int marks = 0; marks < 2; ++marks) {

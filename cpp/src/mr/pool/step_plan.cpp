@@ -389,15 +389,35 @@ block* pool_resource::impl::plan_place(std::size_t size, std::uint32_t slot) {
   // The free block holding `at`: where the last block placed there went, else
   // a walk (by address) from it or from the block the plan placed last.
   auto holds = [&](const block* x) { return x && x->ar == a && x->addr <= at && at < x->addr + x->size; };
-  block* f = item.hint[parity];
-  if (!holds(f)) {
-    f = f && f->ar == a ? f : P.cursor && P.cursor->ar == a ? P.cursor : a->first;
-    while (f->addr > at) f = f->prev;
-    while (f->addr + f->size <= at) f = f->next;
-  }
-  for (block* x = f;; x = x->next) {
-    if (!x || !runs_with(x, slot)) return miss();
-    if (x->addr + x->size >= at + size) break;
+  auto find = [&] {
+    block* f = item.hint[parity];
+    if (!holds(f)) {
+      f = f && f->ar == a ? f : P.cursor && P.cursor->ar == a ? P.cursor : a->first;
+      while (f->addr > at) f = f->prev;
+      while (f->addr + f->size <= at) f = f->next;
+    }
+    return f;
+  };
+  // Free blocks there that another stream freed: once its work there is
+  // known done they are everyone's (reclaim_streams, not waiting), and the
+  // place is looked for again (the reclaim merges blocks).
+  block* f = find();
+  for (bool reclaimed = false;;) {
+    bool fits = false, foreign = false;
+    for (block* x = f; x; x = x->next) {
+      if (!runs_with(x, slot)) {
+        foreign = x->state == block::free_state;
+        break;
+      }
+      if (x->addr + x->size >= at + size) {
+        fits = true;
+        break;
+      }
+    }
+    if (fits) break;
+    if (!foreign || reclaimed || slots.size() <= 2 || !reclaim_streams(false, false)) return miss();
+    reclaimed = true;
+    f = find();
   }
   block* b = place(f, at, size, slot);
   if (!b) return miss();
