@@ -7,6 +7,7 @@
 #include <string>
 #include <utility>
 
+#include "vramkit/error.hpp"
 #include "vramkit/platform/page_device.hpp"
 
 namespace vramkit::test {
@@ -34,6 +35,33 @@ class forwarding_device : public page_device {
 
  protected:
   std::shared_ptr<page_device> in_;
+};
+
+// Fails, when armed, the k-th create() (as a device with no room: 0), copy()
+// or map() (throwing cuda_error) counted from the last reset of the counts.
+class failing_device : public forwarding_device {
+ public:
+  using forwarding_device::forwarding_device;
+  page_handle create() override {
+    if (fail_create_at && ++creates == fail_create_at) return 0;
+    return in_->create();
+  }
+  void copy(std::uintptr_t dst, std::uintptr_t src, std::size_t n) override {
+    if (fail_copy_at && ++copies_ == fail_copy_at) throw cuda_error("injected copy failure", 1);
+    in_->copy(dst, src, n);
+  }
+  void map(std::uintptr_t va, const page_handle* h, std::size_t n) override {
+    maybe_fail_map();
+    in_->map(va, h, n);
+  }
+  void reset_counts() { creates = copies_ = maps = 0; }
+  void disarm() { fail_create_at = fail_copy_at = fail_map_at = 0; }
+  int fail_create_at = 0, fail_copy_at = 0, fail_map_at = 0, creates = 0, copies_ = 0, maps = 0;
+
+ protected:
+  void maybe_fail_map() {
+    if (fail_map_at && ++maps == fail_map_at) throw cuda_error("injected map failure", 1);
+  }
 };
 
 }  // namespace vramkit::test

@@ -322,24 +322,11 @@ TEST(pool_vmm_split_chunks, the_second_mark_splits_chunks_keeping_the_bytes_of_t
 // failures are injected over the real driver, which itself refuses to map an
 // address that is mapped already.
 namespace {
-class failing_vmm final : public test::forwarding_device {
+class failing_vmm final : public test::failing_device {
  public:
-  using forwarding_device::forwarding_device;
-  page_handle create() override {
-    if (fail_create_at && ++creates == fail_create_at) return 0;  // no room
-    return in_->create();
-  }
-  void copy(std::uintptr_t dst, std::uintptr_t src, std::size_t n) override {
-    if (fail_copy_at && ++copies_ == fail_copy_at) throw cuda_error("injected copy failure", 1);
-    in_->copy(dst, src, n);
-  }
-  void map(std::uintptr_t va, const page_handle* h, std::size_t n) override {
-    if (fail_map_at && ++maps == fail_map_at) throw cuda_error("injected map failure", 1);
-    in_->map(va, h, n);
-  }
+  using failing_device::failing_device;
   int device() const noexcept override { return in_->device(); }
   std::string name() const override { return "failing " + in_->name(); }
-  int fail_create_at = 0, fail_copy_at = 0, fail_map_at = 0, creates = 0, copies_ = 0, maps = 0;
 };
 }  // namespace
 
@@ -363,7 +350,7 @@ TEST(pool_vmm_split_chunks, a_split_that_fails_leaves_the_chunk_whole_with_its_b
     cuda::copy_to_device(w, h.data(), W);
     pool.deallocate_checked(t, T, 0);
     ASSERT_GT(pool.usage().in_chunks, 0u);
-    dev->creates = dev->copies_ = dev->maps = 0;
+    dev->reset_counts();
     if (how == 0) dev->fail_create_at = 3;   // the scratch pages
     if (how == 1) dev->fail_create_at = 12;  // the first chunk's pages
     if (how == 2) dev->fail_copy_at = 1;     // into the scratch pages
@@ -376,7 +363,7 @@ TEST(pool_vmm_split_chunks, a_split_that_fails_leaves_the_chunk_whole_with_its_b
     pool.check_invariants();
     cuda::copy_to_host(back.data(), w, W);
     EXPECT_EQ(std::memcmp(h.data(), back.data(), W), 0) << "a failed split lost a block's bytes";
-    dev->fail_create_at = dev->fail_copy_at = dev->fail_map_at = 0;
+    dev->disarm();
     // The pool goes on: a new block, written and read back.
     void* n = pool.allocate(T, 0);
     std::vector<unsigned char> z(T, 0x3c), zb(T, 0);

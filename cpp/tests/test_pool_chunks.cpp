@@ -513,9 +513,9 @@ namespace {
 // Fails, when armed, the k-th create(), copy() or map() of single pages. Like
 // the CUDA driver (and unlike the host simulation) it refuses to map an
 // address that is mapped already.
-class split_device final : public test::forwarding_device {
+class split_device final : public test::failing_device {
  public:
-  explicit split_device(std::shared_ptr<page_device> in) : forwarding_device(std::move(in)) {}
+  explicit split_device(std::shared_ptr<page_device> in) : failing_device(std::move(in)) {}
   void map_chunk(std::uintptr_t va, page_handle h, std::size_t n) override {
     claim(va, n);
     in_->map_chunk(va, h, n);
@@ -524,22 +524,13 @@ class split_device final : public test::forwarding_device {
     for (std::size_t i = 0; i < n; ++i) mapped_.erase(va + i * granularity());
     in_->unmap(va, n);
   }
-  page_handle create() override {
-    if (fail_create_at && ++creates == fail_create_at) return 0;  // no room
-    return in_->create();
-  }
-  void copy(std::uintptr_t dst, std::uintptr_t src, std::size_t n) override {
-    if (fail_copy_at && ++copies_ == fail_copy_at) throw cuda_error("injected copy failure", 1);
-    in_->copy(dst, src, n);
-  }
   void map(std::uintptr_t va, const page_handle* h, std::size_t n) override {
-    if (fail_map_at && ++maps == fail_map_at) throw cuda_error("injected map failure", 1);
+    maybe_fail_map();
     claim(va, n);
     in_->map(va, h, n);
   }
   bool map_replaces() const noexcept override { return false; }
   std::string name() const override { return "split"; }
-  int fail_create_at = 0, fail_copy_at = 0, fail_map_at = 0, creates = 0, copies_ = 0, maps = 0;
 
  private:
   void claim(std::uintptr_t va, std::size_t n) {
@@ -634,7 +625,7 @@ TEST(pool_chunks, a_chunk_that_cannot_be_split_stays_whole_with_its_bytes) {
     s.run();
     const std::size_t in_chunks = pool.usage().in_chunks;
     ASSERT_GT(in_chunks, 0u);
-    dev->creates = dev->copies_ = dev->maps = 0;
+    dev->reset_counts();
     if (how == 0) dev->fail_create_at = 3;   // the scratch pages
     if (how == 1) dev->fail_create_at = 12;  // the first chunk's pages (8 scratch pages first)
     if (how == 2) dev->fail_copy_at = 1;     // into the scratch pages
@@ -647,7 +638,7 @@ TEST(pool_chunks, a_chunk_that_cannot_be_split_stays_whole_with_its_bytes) {
     EXPECT_TRUE(holds(s.w1, s.W1, 3)) << "a failed split lost a block's bytes";
     EXPECT_TRUE(holds(s.w2, s.W2, 11));
     consistent(pool, *dev);
-    dev->fail_create_at = dev->fail_copy_at = dev->fail_map_at = 0;
+    dev->disarm();
     pool.deallocate(s.w2, s.W2, 0);
     goes_on(pool, *dev, 200 * MiB, s.w1, s.W1);
   }

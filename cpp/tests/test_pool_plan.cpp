@@ -353,24 +353,29 @@ TEST(plan_steps, a_place_still_taken_falls_back_without_overlap) {
   pool.check_invariants();
 }
 
-TEST(plan_steps, another_stream_does_not_take_a_streams_places) {
-  // The plan was recorded on one stream; a step on another finds the places
-  // in the first stream's free blocks, whose work it may not follow: every
-  // request is placed as usual, and the pool stays whole.
-  struct never_done : stream_ops {
+namespace {
+// A plan recorded on one stream (0x10), then a step on another (0x20) whose
+// places lie in the first stream's free blocks; `done` says whether the
+// first stream's work is known done. The counters before and after that step.
+std::pair<pool_counters, pool_counters> step_on_another_stream(bool done) {
+  struct events : stream_ops {
+    bool all_done = false;
     event_id record(stream_t) override { return 1; }
-    bool done(event_id) override { return false; }
+    bool done(event_id) override { return all_done; }
     void wait(event_id) override {}
     void release(event_id) noexcept override {}
   };
+  auto ev = std::make_shared<events>();
+  ev->all_done = done;
   auto dev = std::make_shared<host_page_device>(4 * GiB);
   pool_options o = planned();
   o.remap_own = false;
-  pool_resource pool(dev, std::make_shared<never_done>(), o);
+  pool_resource pool(dev, ev, o);
   program prog{pool};
   prog.stream = 0x10;
   prog.setup();
   run_steps(pool, prog, 5);
+  EXPECT_EQ(pool.counters().plans_made, 1u);
   prog.give(prog.carried);
   prog.carried.p = nullptr;
   prog.stream = 0x20;
@@ -378,52 +383,34 @@ TEST(plan_steps, another_stream_does_not_take_a_streams_places) {
   pool.mark_step();
   prog.step();
   auto c1 = pool.counters();
-  EXPECT_EQ(c1.plan_placed, c0.plan_placed);
-  EXPECT_GT(c1.plan_missed, c0.plan_missed);
   pool.check_invariants();
   prog.give(prog.carried);  // on the stream that took it
   prog.carried.p = nullptr;
   prog.stream = 0x10;
   prog.finish();
   pool.check_invariants();
+  return {c0, c1};
+}
+}  // namespace
+
+TEST(plan_steps, another_stream_does_not_take_a_streams_places) {
+  // The first stream's work is never known done: its free blocks are not the
+  // other stream's to take, every request is placed as usual, and the pool
+  // stays whole.
+  auto [c0, c1] = step_on_another_stream(false);
+  EXPECT_EQ(c1.plan_placed, c0.plan_placed);
+  EXPECT_GT(c1.plan_missed, c0.plan_missed);
 }
 
 TEST(plan_steps, another_stream_takes_a_streams_places_once_its_work_there_is_done) {
-  // As above, but the first stream's work is known done: its free blocks at
-  // the places become everyone's as the other stream's requests come, and
-  // every request of the step lands in its planned place.
-  struct always_done : stream_ops {
-    event_id record(stream_t) override { return 1; }
-    bool done(event_id) override { return true; }
-    void wait(event_id) override {}
-    void release(event_id) noexcept override {}
-  };
-  auto dev = std::make_shared<host_page_device>(4 * GiB);
-  pool_options o = planned();
-  o.remap_own = false;
-  pool_resource pool(dev, std::make_shared<always_done>(), o);
-  program prog{pool};
-  prog.stream = 0x10;
-  prog.setup();
-  run_steps(pool, prog, 5);
-  ASSERT_EQ(pool.counters().plans_made, 1u);
-  prog.give(prog.carried);
-  prog.carried.p = nullptr;
-  prog.stream = 0x20;
-  auto c0 = pool.counters();
-  pool.mark_step();
-  prog.step();
-  auto c1 = pool.counters();
+  // The first stream's work is known done: its free blocks at the places
+  // become everyone's as the other stream's requests come, and every request
+  // of the step lands in its planned place.
+  auto [c0, c1] = step_on_another_stream(true);
   EXPECT_EQ(c1.plan_missed, c0.plan_missed);
   EXPECT_GT(c1.plan_placed, c0.plan_placed);
   EXPECT_GT(c1.stream_reclaims, c0.stream_reclaims);
   EXPECT_EQ(c1.pages_mapped, c0.pages_mapped) << "pages moved although every place was free";
-  pool.check_invariants();
-  prog.give(prog.carried);
-  prog.carried.p = nullptr;
-  prog.stream = 0x10;
-  prog.finish();
-  pool.check_invariants();
 }
 
 TEST(plan_steps, without_the_option_marks_change_nothing) {
