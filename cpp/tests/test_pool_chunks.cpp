@@ -611,6 +611,57 @@ TEST(pool_chunks, the_second_mark_splits_the_chunks_under_live_blocks_into_pages
   }
 }
 
+TEST(pool_chunks, a_split_that_stopped_is_tried_again_four_marks_later) {
+  // No room for the second chunk's pages at the second mark: the first chunk
+  // is split, the others stay. Four marks later the split is tried again and
+  // the rest are split; after three tries that all stop, no more.
+  for (bool room_later : {true, false}) {
+    SCOPED_TRACE(room_later ? "room later" : "never room");
+    auto dev = std::make_shared<split_device>(std::make_shared<host_page_device>(4 * GiB));
+    pool_resource pool(dev, nullptr, chunks(16 * MiB));
+    first_step s{pool};
+    s.run();
+    dev->reset_counts();
+    dev->fail_create_at = 20;  // the second chunk's pages
+    pool.mark_step();          // the second mark
+    ASSERT_EQ(pool.counters().chunks_split, 1u);
+    ASSERT_GT(pool.usage().in_chunks, 0u);
+    if (room_later)
+      dev->disarm();
+    else
+      dev->fail_create_at = 9;  // from now on the first page of a chunk fails (the scratch pages are made)
+    for (int m = 0; m < 3; ++m) {
+      dev->reset_counts();
+      pool.mark_step();
+      EXPECT_EQ(pool.counters().chunks_split, 1u) << "tried again before its time, mark " << m + 3;
+    }
+    dev->reset_counts();
+    pool.mark_step();  // four marks after the second
+    if (room_later) {
+      EXPECT_EQ(pool.usage().in_chunks, 0u) << "the split was not tried again";
+      EXPECT_GT(pool.counters().chunks_split, 1u);
+    } else {
+      EXPECT_EQ(pool.counters().chunks_split, 1u);
+      EXPECT_GT(pool.usage().in_chunks, 0u);
+      // Tried again 8 and 16 marks after that, then never: a device that
+      // never has room is asked three more times in all.
+      int tries = 0;
+      for (int m = 0; m < 40; ++m) {
+        dev->reset_counts();
+        pool.mark_step();
+        tries += dev->creates > 0;
+      }
+      EXPECT_EQ(tries, 2);
+    }
+    EXPECT_TRUE(holds(s.w1, s.W1, 3));
+    EXPECT_TRUE(holds(s.w2, s.W2, 11));
+    consistent(pool, *dev);
+    dev->disarm();
+    pool.deallocate(s.w2, s.W2, 0);
+    goes_on(pool, *dev, 200 * MiB, s.w1, s.W1);
+  }
+}
+
 TEST(pool_chunks, a_chunk_that_cannot_be_split_stays_whole_with_its_bytes) {
   // No room for its pages, a failing copy (into the scratch pages, or back
   // into the new pages in its place), pages that cannot be mapped in its

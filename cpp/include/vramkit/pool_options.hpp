@@ -103,7 +103,8 @@ struct pool_options {
   // scratch pages, unmaps it, maps the new pages in its place and copies the
   // bytes back before the chunk goes: the scratch pages and one chunk's new
   // pages are held beside the pool meanwhile. A chunk whose pages cannot be
-  // had or mapped stays as it is, with its bytes. Needs a page device that
+  // had or mapped stays as it is, with its bytes (a split that stopped is
+  // tried again 4, 8 and 16 marks later). Needs a page device that
   // copies (vmm and host do). Nothing else may use the chunks' memory at that
   // mark (docs/configuration.md).
   bool split_chunks = true;

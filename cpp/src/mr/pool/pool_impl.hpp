@@ -254,6 +254,9 @@ struct pool_resource::impl {
     std::uint32_t marks = 0;   // marks so far, counted up to 2 (chunks are made until the second)
     std::uint32_t planned_marks = 0;  // marks since the plan in force was made
     bool chunks_to_give_back = false;  // the second mark's give-back could not wait for the GPU
+    // split_chunks stopped with chunks left (no room for a chunk's pages, a
+    // failing call): tried again this many marks later (4, 8, 16), then no more.
+    std::uint32_t split_retry_in = 0, split_retries = 0;
     struct item {
       std::size_t size = 0;
       std::uint64_t t0 = 0, t1 = 0;  // requested, freed (0: not yet; past length: in the next step)

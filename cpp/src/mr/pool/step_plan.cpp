@@ -42,7 +42,12 @@ void pool_resource::impl::mark_step() {
   // The chunks go back at the second mark; when the pool could not wait for
   // the GPU then, at the next marks until it could.
   if (P.marks < 2 && ++P.marks == 2) P.chunks_to_give_back = true;  // from here on no chunk is made (chunks.cpp)
-  if (P.chunks_to_give_back) P.chunks_to_give_back = !plan_give_back_chunks();
+  if (P.chunks_to_give_back) {
+    P.chunks_to_give_back = !plan_give_back_chunks();
+  } else if (P.split_retry_in && --P.split_retry_in == 0) {
+    // A split that stopped, tried again (the free chunks go back first).
+    P.chunks_to_give_back = !plan_give_back_chunks();
+  }
   switch (P.ph) {
     case step_plan::phase::off:
       P.ph = step_plan::phase::warming;
@@ -132,8 +137,13 @@ bool pool_resource::impl::plan_give_back_chunks() noexcept {
       }
   }
   // The chunks left lie under live blocks: split into single pages
-  // (split_chunks), after the device's work is all done.
-  if (wait) split_chunks();
+  // (split_chunks), after the device's work is all done. A split that
+  // stopped is tried again 4, 8 and 16 marks later.
+  if (wait) {
+    split_chunks();
+    if (chunk_pages && opt.split_chunks && pages->copies() && plan.split_retries < 3)
+      plan.split_retry_in = 4u << plan.split_retries++;
+  }
   return wait;
 }
 
