@@ -105,8 +105,8 @@ struct pool_options {
   // pages are held beside the pool meanwhile. A chunk whose pages cannot be
   // had or mapped stays as it is, with its bytes (a split that stopped is
   // tried again 4, 8 and 16 marks later). Needs a page device that
-  // copies (vmm and host do). Nothing else may use the chunks' memory at that
-  // mark (docs/configuration.md).
+  // copies (vmm and host do). Nothing else may use the chunks' memory at
+  // those marks (docs/configuration.md).
   bool split_chunks = true;
   // Step plans (paged pools): where a program repeats the same steps (a
   // training loop) and says where each begins (pool_resource::mark_step), the

@@ -56,7 +56,7 @@ struct pool_counters {
   // Wall time the pool's calls waited for the GPU since it began, ns: for an
   // event before memory freed on one stream served another, for a stream's
   // queued work before its own free pages moved, for the whole device before
-  // chunks were split (split_chunks).
+  // chunks were split and for the split's copies (split_chunks).
   std::uint64_t gpu_wait_ns = 0;
 };
 

@@ -306,6 +306,7 @@ bool pool_resource::impl::split_chunk(detail::arena* a, std::size_t c, std::size
     hs.push_back(h);
   }
   try {
+    gpu_wait w{ctr};  // the device's copies return once the bytes are there
     pages->copy(spare, at, bytes);
   } catch (...) {
     peak_reserved = std::max(peak_reserved, reserved + bytes);
@@ -317,6 +318,7 @@ bool pool_resource::impl::split_chunk(detail::arena* a, std::size_t c, std::size
   try {
     pages->map(at, hs.data(), n);
     placed = true;
+    gpu_wait w{ctr};
     pages->copy(at, spare, bytes);
   } catch (...) {
     // Back as it was: the chunk mapped in its place, its bytes copied back
@@ -325,6 +327,7 @@ bool pool_resource::impl::split_chunk(detail::arena* a, std::size_t c, std::size
     if (placed) pages->unmap(at, n);  // (a failed map leaves nothing mapped there)
     try {
       pages->map_chunk(at, chunk_h, n);
+      gpu_wait w{ctr};
       pages->copy(at, spare, bytes);
     } catch (...) {
       // Live blocks lie there and the device maps neither their chunk nor

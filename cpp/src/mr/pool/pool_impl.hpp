@@ -106,7 +106,7 @@ struct pool_resource::impl {
   memory_state st;  // counters only (oom_count, retries, upstream_*)
   pool_counters ctr;
   // Adds the wall time of its scope to ctr.gpu_wait_ns: the pool waiting for
-  // the GPU (an event, a stream's queued work, the whole device).
+  // the GPU (an event, a stream's queued work, the whole device, a copy).
   struct gpu_wait {
     pool_counters& c;
     std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
