@@ -252,7 +252,6 @@ TEST(pool, a_page_moved_back_where_it_is_still_mapped_costs_no_map_call) {
     o.remap_own = keep;  // remap_own rests on kept mappings
     o.growth_slack = 0;
     o.reserve_limit = 2 * inner->granularity();  // two pages in all
-    o.chunk_size = 0;  // single pages: the test follows one page
     pool_resource pool(rec, nullptr, o);
     void* l = pool.allocate(4 * MiB);  // two pages of the large arena
     pool.deallocate_checked(l, 0);
@@ -289,32 +288,22 @@ TEST(pool, a_page_moved_back_where_it_is_still_mapped_costs_no_map_call) {
 }
 
 TEST(pool, remaps_free_pages_instead_of_growing) {
-  for (bool chunks : {false, true}) {
-    SCOPED_TRACE(chunks ? "default chunks" : "single pages");
-    auto dev = std::make_shared<host_page_device>(64 * GiB);
-    pool_options o;
-    if (!chunks) o.chunk_size = 0;
-    pool_resource pool(dev, nullptr, o);
-    // A hole pattern that a non-remapping cache could not reuse for a big block.
-    std::vector<void*> v;
-    for (int i = 0; i < 64; ++i) v.push_back(pool.allocate(8 * MiB));
-    for (int i = 0; i < 64; i += 2) pool.deallocate_checked(v[i], 0);
-    std::size_t before = pool.state().reserved_bytes;
-    void* big = pool.allocate(200 * MiB);
-    // Growth is allowed only up to (1 + growth_slack) x the peak of live bytes (512 MiB).
-    EXPECT_LE(pool.state().reserved_bytes, std::max<std::size_t>(before, 512 * MiB * 102 / 100 + 2 * MiB))
-        << "grew instead of remapping free pages";
-    // Single pages move; a chunk cannot, and one lying wholly in free memory
-    // goes back for pages made where they are wanted.
-    if (chunks)
-      EXPECT_GT(pool.counters().chunks_released, 0u);
-    else
-      EXPECT_GT(pool.counters().pages_remapped, 0u);
-    std::memset(big, 1, 200 * MiB);  // every page of it is really mapped
-    pool.check_invariants();
-    pool.deallocate_checked(big, 0);
-    for (int i = 1; i < 64; i += 2) pool.deallocate_checked(v[i], 0);
-  }
+  auto dev = std::make_shared<host_page_device>(64 * GiB);
+  pool_resource pool(dev, nullptr);
+  // A hole pattern that a non-remapping cache could not reuse for a big block.
+  std::vector<void*> v;
+  for (int i = 0; i < 64; ++i) v.push_back(pool.allocate(8 * MiB));
+  for (int i = 0; i < 64; i += 2) pool.deallocate_checked(v[i], 0);
+  std::size_t before = pool.state().reserved_bytes;
+  void* big = pool.allocate(200 * MiB);
+  // Growth is allowed only up to (1 + growth_slack) x the peak of live bytes (512 MiB).
+  EXPECT_LE(pool.state().reserved_bytes, std::max<std::size_t>(before, 512 * MiB * 102 / 100 + 2 * MiB))
+      << "grew instead of remapping free pages";
+  EXPECT_GT(pool.counters().pages_remapped, 0u);
+  std::memset(big, 1, 200 * MiB);  // every page of it is really mapped
+  pool.check_invariants();
+  pool.deallocate_checked(big, 0);
+  for (int i = 1; i < 64; i += 2) pool.deallocate_checked(v[i], 0);
 }
 
 TEST(pool, reserve_limit_and_release_threshold) {
@@ -511,7 +500,6 @@ TEST(pool, wait_to_remap_waits_for_the_stream_instead_of_growing) {
     pool_options o;
     o.wait_to_remap = wait;
     o.remap_own = false;  // wait_to_remap alone
-    o.chunk_size = 0;     // single pages, which move (a chunk would go back instead)
     pool_resource pool(dev, ev, o);
     const stream_t s = 0x10;
     std::vector<void*> v;
@@ -776,7 +764,6 @@ TEST(pool, progress_events_let_a_stream_behind_the_host_lend_its_finished_frees)
     auto ev = std::make_shared<ordered_events>();
     pool_options o;
     o.remap_own = false;  // progress events alone: remap_own would take the own frees anyway
-    o.chunk_size = 0;     // single pages, which move (a chunk would go back instead)
     pool_resource pool(std::make_shared<host_page_device>(64 * GiB), ev, o);
     const stream_t s = 0x10;
     std::vector<void*> v;

@@ -153,9 +153,7 @@ TEST(pool_ahead, growth_finds_its_pages_made_ahead) {
 
 TEST(pool_ahead, a_block_that_fails_to_be_backed_gives_the_pages_made_ahead_back) {
   auto dev = std::make_shared<counting_device>(std::make_shared<host_page_device>(4 * GiB));
-  pool_options o = ahead(16 * MiB);
-  o.chunk_size = 0;  // single pages: the 16 MiB block takes the pages made ahead
-  pool_resource pool(dev, nullptr, o);
+  pool_resource pool(dev, nullptr, ahead(16 * MiB));
   void* a = pool.allocate(8 * MiB, 0);
   ASSERT_TRUE(eventually([&] { return pool.counters().pages_made_ahead >= 4; }));
   // 16 MiB: 4 pages made ahead and 4 more to create here, which fails.

@@ -25,7 +25,6 @@ constexpr std::size_t MiB = std::size_t{1} << 20, GiB = std::size_t{1} << 30, PG
 pool_options chunks(std::size_t bytes, double slack = 0.02) {
   pool_options o;
   o.chunk_size = bytes;
-  o.chunk_min_size = 0;  // chunks of one size
   o.growth_slack = slack;
   return o;
 }
@@ -373,9 +372,9 @@ TEST(pool_chunks, chunk_size_must_be_pages) {
     EXPECT_EQ(one.counters().chunks_created, 0u);
     one.deallocate(p, 64 * MiB, 0);
     pool_options big;
-    big.page_size = 64 * MiB;
-    auto dev64 = std::make_shared<host_page_device>(GiB, 64 * MiB);
-    pool_resource coarse(dev64, nullptr, big);  // the default chunk_size (64 MiB): one page
+    big.page_size = 32 * MiB;
+    auto dev32 = std::make_shared<host_page_device>(GiB, 32 * MiB);
+    pool_resource coarse(dev32, nullptr, big);  // default chunk_size (16 MiB) below the page
     void* q = coarse.allocate(100 * MiB, 0);
     EXPECT_EQ(coarse.counters().chunks_created, 0u);
     coarse.deallocate(q, 100 * MiB, 0);
@@ -483,49 +482,6 @@ TEST(pool_chunks, chunk_min_size_random_work_keeps_the_invariants) {
       });
       EXPECT_GT(small_chunks, 0u) << "no chunk smaller than chunk_size was made";
     }
-}
-
-TEST(pool_chunks, the_default_chunks_fit_the_page_size) {
-  {
-    // 2 MiB pages: 64 MiB chunks, halves down to 4 MiB. 70 MiB at the large
-    // arena's start: a 64 MiB chunk, a 4 MiB one and a single page.
-    auto dev = std::make_shared<host_page_device>(4 * GiB);
-    pool_resource pool(dev, nullptr);
-    void* a = pool.allocate(70 * MiB, 0);
-    EXPECT_EQ(pool.counters().chunks_created, 2u);
-    EXPECT_EQ(pool.counters().pages_created, 35u);
-    EXPECT_EQ(pool.usage().in_chunks, 34u);
-    consistent(pool, *dev);
-    pool.deallocate(a, 70 * MiB, 0);
-  }
-  {
-    // 8 MiB pages: the smallest chunk is two pages (16 MiB), not 4 MiB.
-    // 120 MiB: chunks of 64, 32 and 16 MiB and a single page.
-    pool_options o;
-    o.page_size = 8 * MiB;
-    auto dev = std::make_shared<host_page_device>(4 * GiB, 8 * MiB);
-    pool_resource pool(dev, nullptr, o);
-    void* a = pool.allocate(120 * MiB, 0);
-    EXPECT_EQ(pool.counters().chunks_created, 3u);
-    EXPECT_EQ(pool.counters().pages_created, 15u);
-    EXPECT_EQ(pool.usage().in_chunks, 14u);
-    consistent(pool, *dev);
-    pool.deallocate(a, 120 * MiB, 0);
-  }
-  {
-    // A chunk_size given without chunk_min_size: halves down to the default's
-    // 4 MiB; where 4 MiB does not divide it by a power of two (6 MiB, three
-    // pages), chunks of one size.
-    auto dev = std::make_shared<host_page_device>(4 * GiB);
-    pool_options o;
-    o.chunk_size = 6 * MiB;
-    pool_resource pool(dev, nullptr, o);
-    void* a = pool.allocate(16 * MiB, 0);  // pages 0..7: chunks over 0..5, single pages 6, 7
-    EXPECT_EQ(pool.counters().chunks_created, 2u);
-    EXPECT_EQ(pool.usage().in_chunks, 6u);
-    consistent(pool, *dev);
-    pool.deallocate(a, 16 * MiB, 0);
-  }
 }
 
 TEST(pool_chunks, chunk_min_size_must_divide_chunk_size_by_a_power_of_two) {

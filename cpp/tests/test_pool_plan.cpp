@@ -578,7 +578,6 @@ TEST(plan_steps, chunks_only_before_the_second_mark_and_the_free_ones_go_back_th
     auto dev = std::make_shared<host_page_device>(4 * GiB);
     pool_options o = planned();
     o.chunk_size = chunk_size;
-    o.chunk_min_size = 0;  // chunks of one size: each is chunk_size / page pages
     pool_resource pool(dev, nullptr, o);
     program prog{pool};
     prog.setup();

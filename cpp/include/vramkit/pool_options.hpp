@@ -76,23 +76,17 @@ struct pool_options {
   // made MoE training (sizes that change with the routing) move up to 1,000
   // pages in a step from step 15 or 19 on, where single pages move none after
   // step 8 (docs/BENCHMARKS.md section 5, "Chunks against the pair on
-  // MoE"; that was before split_chunks). 64 MiB (the default) with
-  // chunk_min_size 4 MiB and split_chunks: on an H100, against single pages,
-  // the first step of six of the suite's seven workloads took less time
-  // (GPT-2 1.29x PyTorch default's against 1.93x), the warm steps and the
-  // peaks were the same (docs/BENCHMARKS.md section 5, "The pair as the
-  // default"). 0, or at most one page: single pages only (also the default
-  // over pages that do not divide it).
-  std::size_t chunk_size = std::size_t{64} << 20;
+  // MoE"; that was before split_chunks). 0 (the default), or at most one
+  // page: single pages only; 64MiB with chunk_min_size 4MiB (and
+  // split_chunks) for a process whose first step matters.
+  std::size_t chunk_size = 0;
   // With chunks: the smallest chunk (bytes, 0: chunk_size, chunks of one
   // size). Where a whole chunk_size does not fit inside a block, the pool
   // makes chunks of half, a quarter, ... of it down to chunk_min_size, each
   // at a multiple of its own size, so a block's interior takes a few handles
   // instead of a run of single pages: the driver charges per handle, not per
-  // byte. chunk_size must be chunk_min_size times a power of two. The
-  // default (4 MiB) means at least two pages, and chunks of one size where
-  // it does not divide chunk_size so.
-  std::size_t chunk_min_size = std::size_t{4} << 20;
+  // byte. chunk_size must be chunk_min_size times a power of two.
+  std::size_t chunk_min_size = 0;
   // With chunks: where a block's first or last pages lie in an empty
   // chunk-aligned place that reaches past it only into the free blocks next
   // to it, that whole chunk is made (the rest of it stays free, mapped), so

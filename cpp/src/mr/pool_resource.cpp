@@ -45,28 +45,20 @@ void pool_resource::impl::init_paged() {
   // Chunks of one page or less are single pages: no chunks (page_size may
   // have been raised to or past the default chunk_size). With plan_steps,
   // chunks only until the first mark (step_plan.cpp, plan_give_back_chunks).
-  // The default chunk_size over pages that do not divide it: no chunks.
-  const bool default_chunks = opt.chunk_size == pool_options{}.chunk_size;
-  if (opt.chunk_size > page && !(default_chunks && opt.chunk_size % page)) {
+  if (opt.chunk_size > page) {
     if (opt.chunk_size % page)
       throw invalid_argument("chunk_size " + std::to_string(opt.chunk_size) + " must be a multiple of the page size (" +
                              std::to_string(page) + " bytes), or at most one page for none");
     chunk = opt.chunk_size / page;
     chunk_min = chunk;
-    const auto fits = [&](std::size_t m) {
-      return m % page == 0 && m / page >= 2 && m <= opt.chunk_size && chunk % (m / page) == 0 &&
-             std::has_single_bit(chunk / (m / page));
-    };
-    if (opt.chunk_min_size == pool_options{}.chunk_min_size) {
-      // The default: at least two pages; chunks of one size where it does not fit.
-      const std::size_t m = std::max(opt.chunk_min_size, 2 * page);
-      if (fits(m)) chunk_min = m / page;
-    } else if (opt.chunk_min_size) {
-      if (!fits(opt.chunk_min_size))
-        throw invalid_argument("chunk_min_size " + std::to_string(opt.chunk_min_size) +
+    if (opt.chunk_min_size) {
+      const std::size_t m = opt.chunk_min_size;
+      if (m % page || m / page < 2 || m > opt.chunk_size || chunk % (m / page) ||
+          !std::has_single_bit(chunk / (m / page)))
+        throw invalid_argument("chunk_min_size " + std::to_string(m) +
                                " must be at least two pages and divide chunk_size (" +
                                std::to_string(opt.chunk_size) + ") by a power of two, or 0 for chunks of one size");
-      chunk_min = opt.chunk_min_size / page;
+      chunk_min = m / page;
     }
   }
   std::size_t va = round_up(static_cast<std::size_t>(static_cast<double>(capacity) * opt.va_factor), page);
