@@ -51,6 +51,7 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   }
   o.split_chunks = !(size > 1 && (data[size - 1] & 16));
   o.fit_address = size > 1 && (data[size - 1] & 4);  // fit:address from its third bit
+  o.plan_needs_moves = size > 1 && (data[size - 1] & 32);  // plans only once the steps moved pages
   pool_resource pool(dev, gpu, o);
   struct live { std::uint8_t* p; std::size_t n; stream_t s; std::uint8_t tag; };
   std::vector<live> v;

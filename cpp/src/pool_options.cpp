@@ -137,6 +137,7 @@ void pool_options::parse(const std::string& conf) {
       else if (k == "split_chunks") o.split_chunks = parse_bool(k, v);
       else if (k == "plan_steps") o.plan_steps = parse_bool(k, v);
       else if (k == "plan_moves_grow") o.plan_moves_grow = parse_bool(k, v);
+      else if (k == "plan_needs_moves") o.plan_needs_moves = parse_bool(k, v);
       else if (k == "fit") {
         std::string l = v;
         for (char& c : l) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
@@ -163,7 +164,7 @@ void pool_options::parse(const std::string& conf) {
                                "' (known: alignment, page_size, small_threshold, small_segment, large_rounding, "
                                "reserve_limit, release_threshold, growth_slack, remap, wait_to_remap, keep_mappings, remap_own, "
                                "remap_own_slack, "
-                               "map_ahead, chunk_size, chunk_min_size, growth_chunks, split_chunks, plan_steps, plan_moves_grow, fit, va_factor)");
+                               "map_ahead, chunk_size, chunk_min_size, growth_chunks, split_chunks, plan_steps, plan_moves_grow, plan_needs_moves, fit, va_factor)");
     } catch (const invalid_argument&) {
       throw;
     } catch (const std::exception&) {
@@ -203,6 +204,7 @@ std::string pool_options::to_string() const {
        ",chunk_min_size:" + to_string(chunk_min_size) + ",growth_chunks:" + (growth_chunks ? "true" : "false") +
        ",split_chunks:" + (split_chunks ? "true" : "false") + ",plan_steps:" + (plan_steps ? "true" : "false") +
        ",plan_moves_grow:" + (plan_moves_grow ? "true" : "false") +
+       ",plan_needs_moves:" + (plan_needs_moves ? "true" : "false") +
        ",fit:" + (fit_address ? "address" : "best") + ",va_factor:" + format_fixed(va_factor, 2);
   return s;
 }

@@ -939,3 +939,69 @@ TEST(plan_steps, a_step_too_long_to_plan_is_not_taken_and_a_later_loop_is) {
   EXPECT_EQ(pool.counters().plans_made, 1u);
   pool.check_invariants();
 }
+
+// plan_needs_moves: where the steps settle without a plan (no page moved once
+// the pool has grown to the step's peak), no plan is made and the step that
+// would have moved the step's pages to it never comes; where they keep moving
+// pages, the plan is made once they have moved a share of what it costs.
+TEST(plan_steps, plan_needs_moves_makes_no_plan_for_steps_that_move_no_page) {
+  auto run = [](bool needs_moves, double remap_own_slack, int steps) {
+    auto dev = std::make_shared<host_page_device>(4 * GiB);
+    pool_options o = planned();
+    o.parse(needs_moves ? "plan_needs_moves:true" : "plan_needs_moves:false");
+    EXPECT_NE(o.to_string().find(needs_moves ? "plan_needs_moves:true" : "plan_needs_moves:false"), std::string::npos);
+    o.remap_own_slack = remap_own_slack;
+    pool_resource pool(dev, nullptr, o);
+    program prog{pool};
+    prog.setup();
+    const auto c0 = pool.counters();
+    run_steps(pool, prog, steps);
+    pool.check_invariants();
+    auto c = pool.counters();
+    prog.finish();
+    pool.check_invariants();
+    EXPECT_EQ(pool.state().live_bytes, 0u);
+    c.pages_mapped -= c0.pages_mapped;
+    return c;
+  };
+  const auto planned_at_once = run(false, 0.03, 12), settled = run(true, 0.03, 12);
+  EXPECT_EQ(planned_at_once.plans_made, 1u);
+  EXPECT_EQ(settled.plans_made, 0u);
+  EXPECT_GT(settled.plans_skipped, 0u);
+  EXPECT_LT(settled.pages_mapped, planned_at_once.pages_mapped) << "no plan, and still as many pages mapped";
+  EXPECT_EQ(settled.pages_remapped + settled.pages_unmapped, 0u) << "the steps without a plan moved pages";
+  EXPECT_EQ(planned_at_once.plans_skipped, 0u);
+}
+
+TEST(plan_steps, plan_needs_moves_makes_the_plan_once_the_steps_have_moved_pages) {
+  // No slack to grow (growth_slack and remap_own_slack 0) and an output kept
+  // into the next step: the steps before the plan move pages, more than a
+  // sixteenth of what the plan's first step maps, so the plan comes at the
+  // same mark as without the option, and after it no page moves.
+  auto dev = std::make_shared<host_page_device>(4 * GiB);
+  pool_options o = planned();
+  o.plan_needs_moves = true;
+  o.growth_slack = 0;
+  o.remap_own_slack = 0;
+  pool_resource pool(dev, nullptr, o);
+  program prog{pool};
+  prog.keep_output = true;
+  prog.setup();
+  std::size_t moved_before_plan = 0;
+  for (int s = 0; s < 12; ++s) {
+    pool.mark_step();
+    const auto c0 = pool.counters();
+    prog.step();
+    const auto c1 = pool.counters();
+    const std::size_t moved = (c1.pages_remapped + c1.pages_unmapped) - (c0.pages_remapped + c0.pages_unmapped);
+    if (s == 1 || s == 2) moved_before_plan += moved;  // the recorded step and the one after it
+    if (s == 2) EXPECT_EQ(c1.plans_made, 0u);
+    if (s == 3) EXPECT_EQ(c1.plans_made, 1u) << "the plan did not come after steps that moved pages";
+    if (s >= 5) EXPECT_EQ(moved, 0u) << "step " << s;
+  }
+  EXPECT_GT(moved_before_plan, 0u);
+  EXPECT_EQ(pool.counters().plans_skipped, 0u);
+  EXPECT_EQ(pool.counters().plans_dropped, 0u);
+  prog.finish();
+  pool.check_invariants();
+}

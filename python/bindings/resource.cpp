@@ -130,6 +130,7 @@ void bind_resource(nb::module_& m) {
             d["early_waits"] = c.early_waits;
             d["plans_made"] = c.plans_made;
             d["plans_dropped"] = c.plans_dropped;
+            d["plans_skipped"] = c.plans_skipped;
             d["plan_placed"] = c.plan_placed;
             d["plan_missed"] = c.plan_missed;
             d["plan_bytes"] = c.plan_bytes;

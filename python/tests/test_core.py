@@ -316,23 +316,44 @@ def test_copy_from_host_takes_any_contiguous_buffer():
     b.free()
 
 
-def test_mark_step_places_a_repeating_steps_requests_where_they_were():
-    r = vramkit.make_resource("pool:plan_steps:true")
-    sizes = [12 << 20, 3 << 20, 20 << 20, 7 << 20]
+def _marked_steps(r, sizes, steps=7):
+    """Marks each of `steps` steps that allocate `sizes` and free them in reverse; each step's addresses."""
     seen = []
-    for step in range(7):
+    for _ in range(steps):
         r.mark_step()
         ptrs = [r.allocate(n) for n in sizes]
         for p, n in zip(reversed(ptrs), reversed(sizes)):
             r.deallocate(p, n)
         seen.append(ptrs)
         r.check_invariants()
+    return seen
+
+
+def test_mark_step_places_a_repeating_steps_requests_where_they_were():
+    r = vramkit.make_resource("pool:plan_steps:true")
+    sizes = [12 << 20, 3 << 20, 20 << 20, 7 << 20]
+    seen = _marked_steps(r, sizes)
     c = r.pool_counters()
     assert c["plans_made"] == 1 and c["plan_missed"] == 0
     assert c["plan_placed"] == 4 * len(sizes)  # steps 3-6 (0-2: warming, recording, following)
     assert seen[3] == seen[4] == seen[5] == seen[6] and seen[3] != seen[2]
     assert c["plan_bytes"] >= 20 << 20
     assert "plan_steps:true" in c["options"]
+
+
+def test_plan_needs_moves_leaves_steps_that_already_repeat_where_they_are():
+    """plan_needs_moves through a pool conf string: the same steps as above already land where they
+    did without a plan (the pool's own placement has settled), so no plan is made and no page
+    moves; a bad value is refused."""
+    r = vramkit.make_resource("pool:plan_needs_moves:true")
+    seen = _marked_steps(r, [12 << 20, 3 << 20, 20 << 20, 7 << 20])
+    c = r.pool_counters()
+    assert c["plans_made"] == 0 and c["plans_skipped"] >= 1, c
+    assert seen[1] == seen[2] == seen[3] == seen[6]
+    assert c["pages_remapped"] == 0 and c["pages_unmapped"] == 0, c
+    assert "plan_needs_moves:true" in c["options"]
+    with pytest.raises(ValueError, match="plan_needs_moves"):
+        vramkit.make_resource("pool:plan_needs_moves:maybe")
 
 
 def test_mark_step_without_plans_changes_nothing():

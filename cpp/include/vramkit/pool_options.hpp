@@ -140,6 +140,16 @@ struct pool_options {
   // a ResNet-50 training run recorded on an H100: 1.011 of peak live against
   // 1.020-1.030 with the GPU 0-3,000 operations behind).
   bool plan_moves_grow = false;
+  // With plan_steps: a plan only once the steps have paid for it. A plan's
+  // first step maps the step's pages at the plan's places; where the steps
+  // before it already move none (the pool's own placement has settled), the
+  // plan costs that step and saves nothing. On: the plan is laid out as
+  // usual, but made only when the pages the steps moved since recording
+  // began (pages_remapped + pages_unmapped) reach the pages its first step
+  // would map; until then the steps are recorded again and looked at every
+  // other mark (plans_skipped), laid out anew once the moves reach the last
+  // price. The driver's calls are then at most twice the better choice's.
+  bool plan_needs_moves = false;
   // fit:address (true) or fit:best (false, the default): which backed free
   // block a large request (over small_threshold) takes when several fit. Best
   // takes the tightest; address takes an exact fit, else the lowest-addressed

@@ -253,6 +253,18 @@ struct pool_resource::impl {
     std::size_t rest = 0;      // marks to wait, after a dropped plan, before recording again
     std::uint32_t marks = 0;   // marks so far, counted up to 2 (chunks are made until the second)
     std::uint32_t planned_marks = 0;  // marks since the plan in force was made
+    // plan_needs_moves: page_moves() when the first recording began; the
+    // pages the last layout's first step would map (0: not yet laid out);
+    // whether the last plan_build stopped for it (not a failed build).
+    std::size_t moves_base = 0, buy_at = 0;
+    // plan_needs_moves: the plan is made once the steps have moved a
+    // sixteenth of the pages its first step would map (host model of the
+    // shared GPT-2 trace as 20-60 training steps with the GPU 3,000
+    // operations behind: 462 ms of modelled driver time against 381 for the
+    // plan made at once, 397-622 when the moves had to reach the whole
+    // price, whose plan came later and dearer; docs/BENCHMARKS.md 1q).
+    static constexpr std::size_t plan_rent_share = 16;
+    bool skipped = false;
     bool chunks_to_give_back = false;  // the second mark's give-back could not wait for the GPU
     // split_chunks stopped with chunks left (no room for a chunk's pages, a
     // failing call): tried again this many marks later (4, 8, 16), then no more.
@@ -300,6 +312,7 @@ struct pool_resource::impl {
   void plan_record_start();
   bool plan_give_back_chunks() noexcept;
   bool plan_build();
+  std::size_t page_moves() const noexcept { return ctr.pages_remapped + ctr.pages_unmapped; }
   void plan_note_alloc(std::uintptr_t addr, std::size_t size) noexcept;
   void plan_note_free(std::uintptr_t addr, bool pending) noexcept;
   block* plan_place(std::size_t size, std::uint32_t slot);

@@ -16,6 +16,9 @@
 //   recording -> following: no more requests recorded; the recorded blocks'
 //                   frees are still followed into this step (blocks living
 //                   across the step boundary)
+//   following -> recording: with plan_needs_moves, while the steps since
+//                   the first recording moved fewer pages than the plan's
+//                   first step would map (no plan yet: rent before buying)
 //   following -> planned: when this step made the recorded step's requests
 //                   again (by size and count, 95 % of its bytes), plan_build
 //                   lays the recorded blocks out, the step
@@ -57,6 +60,8 @@ void pool_resource::impl::mark_step() {
         --P.rest;
         break;
       }
+      P.moves_base = page_moves();  // plan_needs_moves: the steps' moves counted from here
+      P.buy_at = 0;
       plan_record_start();
       break;
     case step_plan::phase::recording:
@@ -64,8 +69,12 @@ void pool_resource::impl::mark_step() {
       P.ph = step_plan::phase::following;
       break;
     case step_plan::phase::following:
-      if (!plan_build()) {
-        ++P.unplanned;
+      if (opt.plan_needs_moves && P.buy_at && page_moves() - P.moves_base < P.buy_at) {
+        // The steps have not yet moved as many pages as the plan would.
+        ++ctr.plans_skipped;
+        plan_record_start();
+      } else if (!plan_build()) {
+        if (!P.skipped) ++P.unplanned;
         plan_record_start();
       }
       break;
@@ -354,6 +363,21 @@ bool pool_resource::impl::plan_build() {
     if (x->state != block::free_state) start = x->addr + x->size - a->base;
   start = round_up(start, page);
   if (start > a->size || a->size - start < top) return false;
+  P.skipped = false;
+  if (opt.plan_needs_moves) {
+    // The plan's first step maps a page wherever its space has none: made
+    // only once the steps without it have moved as many (a plan is bought
+    // when the rent paid equals its price; at most twice the better choice's
+    // driver calls, whatever the steps do later).
+    const std::size_t price =
+        std::max<std::size_t>(unmapped_inside(a, a->base + start, round_up(top, page)) / step_plan::plan_rent_share, 1);
+    if (page_moves() - P.moves_base < price) {
+      P.buy_at = price;
+      P.skipped = true;
+      ++ctr.plans_skipped;
+      return false;
+    }
+  }
   P.base = a->base + start;
   // Every recorded request of a size, in request order: the n-th request of
   // that size in a later step is the n-th recorded one, planned or not.
