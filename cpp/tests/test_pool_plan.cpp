@@ -1005,3 +1005,38 @@ TEST(plan_steps, plan_needs_moves_makes_the_plan_once_the_steps_have_moved_pages
   prog.finish();
   pool.check_invariants();
 }
+
+TEST(plan_steps, plan_needs_moves_buys_the_plan_once_later_steps_move_pages) {
+  // Steps that settle get no plan. Trims between the steps then give the free
+  // pages back (each counted as moved) and the steps map them again: once the
+  // moves reach the price, the plan is made and the steps stop moving.
+  auto dev = std::make_shared<host_page_device>(4 * GiB);
+  pool_options o = planned();
+  o.plan_needs_moves = true;
+  pool_resource pool(dev, nullptr, o);
+  program prog{pool};
+  prog.setup();
+  run_steps(pool, prog, 8);
+  const auto settled = pool.counters();
+  ASSERT_EQ(settled.plans_made, 0u);
+  ASSERT_GT(settled.plans_skipped, 0u);
+  int trims = 0;
+  while (pool.counters().plans_made == 0 && trims < 40) {
+    pool.release_cached();
+    ++trims;
+    run_steps(pool, prog, 1);
+    pool.check_invariants();
+  }
+  EXPECT_EQ(pool.counters().plans_made, 1u) << "no plan after " << trims << " trims";
+  // Planned: the steps place their requests where the plan says and move nothing.
+  run_steps(pool, prog, 2);
+  const auto c0 = pool.counters();
+  run_steps(pool, prog, 3);
+  const auto c1 = pool.counters();
+  EXPECT_EQ(c1.pages_mapped, c0.pages_mapped);
+  EXPECT_EQ(c1.pages_remapped + c1.pages_unmapped, c0.pages_remapped + c0.pages_unmapped);
+  EXPECT_GT(c1.plan_placed, c0.plan_placed);
+  EXPECT_EQ(c1.plan_missed, c0.plan_missed);
+  prog.finish();
+  pool.check_invariants();
+}

@@ -345,7 +345,7 @@ def test_plan_needs_moves_leaves_steps_that_already_repeat_where_they_are():
     """plan_needs_moves through a pool conf string: the same steps as above already land where they
     did without a plan (the pool's own placement has settled), so no plan is made and no page
     moves; a bad value is refused."""
-    r = vramkit.make_resource("pool:plan_needs_moves:true")
+    r = vramkit.make_resource("pool:plan_steps:true,plan_needs_moves:true")
     seen = _marked_steps(r, [12 << 20, 3 << 20, 20 << 20, 7 << 20])
     c = r.pool_counters()
     assert c["plans_made"] == 0 and c["plans_skipped"] >= 1, c

@@ -43,7 +43,7 @@ struct pool_counters {
   std::size_t early_waits = 0;       // remap_own: waits for the GPU before an old address of such a page was unmapped
   std::size_t plans_made = 0;        // plan_steps: step plans laid out
   std::size_t plans_dropped = 0;     // plan_steps: plans given up (a step missed more than 5 % of its bytes)
-  std::size_t plans_skipped = 0;     // plan_needs_moves: plans not made because the steps moved no page
+  std::size_t plans_skipped = 0;     // plan_needs_moves: plans not made: the steps had moved too few pages for one
   std::size_t plan_placed = 0;       // plan_steps: large requests placed at their planned address
   std::size_t plan_missed = 0;       // plan_steps: large requests under a plan placed as usual instead
   std::size_t plan_bytes = 0;        // plan_steps: address space of the plan in force (0: none)

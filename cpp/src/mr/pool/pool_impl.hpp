@@ -312,6 +312,7 @@ struct pool_resource::impl {
   void plan_record_start();
   bool plan_give_back_chunks() noexcept;
   bool plan_build();
+  bool plan_repeats() const;
   std::size_t page_moves() const noexcept { return ctr.pages_remapped + ctr.pages_unmapped; }
   void plan_note_alloc(std::uintptr_t addr, std::size_t size) noexcept;
   void plan_note_free(std::uintptr_t addr, bool pending) noexcept;

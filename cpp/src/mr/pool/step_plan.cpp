@@ -17,8 +17,9 @@
 //                   frees are still followed into this step (blocks living
 //                   across the step boundary)
 //   following -> recording: with plan_needs_moves, while the steps since
-//                   the first recording moved fewer pages than the plan's
-//                   first step would map (no plan yet: rent before buying)
+//                   the first recording moved fewer pages than a sixteenth
+//                   of what the plan's first step would map (no plan yet:
+//                   rent paid before buying)
 //   following -> planned: when this step made the recorded step's requests
 //                   again (by size and count, 95 % of its bytes), plan_build
 //                   lays the recorded blocks out, the step
@@ -70,8 +71,12 @@ void pool_resource::impl::mark_step() {
       break;
     case step_plan::phase::following:
       if (opt.plan_needs_moves && P.buy_at && page_moves() - P.moves_base < P.buy_at) {
-        // The steps have not yet moved as many pages as the plan would.
-        ++ctr.plans_skipped;
+        // The steps have not yet moved the share of the plan's price: no
+        // layout (a step that did not repeat still counts as one unplanned).
+        if (plan_repeats())
+          ++ctr.plans_skipped;
+        else
+          ++P.unplanned;
         plan_record_start();
       } else if (!plan_build()) {
         if (!P.skipped) ++P.unplanned;
@@ -206,26 +211,30 @@ void pool_resource::impl::plan_note_free(std::uintptr_t addr, bool pending) noex
   ++P.tick;
 }
 
+// Only steps that repeat: the step after the recorded one must have made the
+// same requests (by size and count) for at least 95 % of its bytes.
+bool pool_resource::impl::plan_repeats() const {
+  const auto& P = plan;
+  std::unordered_map<std::size_t, std::uint32_t> recorded;
+  for (const auto& it : P.items) ++recorded[it.size];
+  std::size_t same = 0;
+  for (auto [size, n] : P.seen) {
+    auto r = recorded.find(size);
+    if (r != recorded.end()) same += static_cast<std::size_t>(std::min(n, r->second)) * size;
+  }
+  return P.step_bytes != 0 && same * 20 >= P.step_bytes * 19;
+}
+
 // Lays the recorded blocks out on a circle of one step (two when a block is
 // carried into the next step): a block freed in the next step lives over the
 // step's end into its beginning. Then the plan's address space: past every
 // live or pending block of the large arena.
 bool pool_resource::impl::plan_build() {
   auto& P = plan;
+  P.skipped = false;  // a failure below counts as one (P.unplanned), a skip does not
   const std::uint64_t T = P.length;
   if (P.items.size() > step_plan::max_items) return false;  // the layout's time grows as the square
-  // Only steps that repeat: the step after the recorded one must have made the
-  // same requests (by size and count) for at least 95 % of its bytes.
-  {
-    std::unordered_map<std::size_t, std::uint32_t> recorded;
-    for (const auto& it : P.items) ++recorded[it.size];
-    std::size_t same = 0;
-    for (auto [size, n] : P.seen) {
-      auto r = recorded.find(size);
-      if (r != recorded.end()) same += static_cast<std::size_t>(std::min(n, r->second)) * size;
-    }
-    if (P.step_bytes == 0 || same * 20 < P.step_bytes * 19) return false;
-  }
+  if (!plan_repeats()) return false;
   // Kept out: never freed yet (long-lived), living two steps or more, or
   // freed while another stream still used it. A block living more than a
   // step (a step's output kept until the next step has made its own, as
@@ -363,12 +372,10 @@ bool pool_resource::impl::plan_build() {
     if (x->state != block::free_state) start = x->addr + x->size - a->base;
   start = round_up(start, page);
   if (start > a->size || a->size - start < top) return false;
-  P.skipped = false;
   if (opt.plan_needs_moves) {
     // The plan's first step maps a page wherever its space has none: made
-    // only once the steps without it have moved as many (a plan is bought
-    // when the rent paid equals its price; at most twice the better choice's
-    // driver calls, whatever the steps do later).
+    // only once the steps without it have moved a share of as many (rent
+    // paid before buying; step_plan::plan_rent_share).
     const std::size_t price =
         std::max<std::size_t>(unmapped_inside(a, a->base + start, round_up(top, page)) / step_plan::plan_rent_share, 1);
     if (page_moves() - P.moves_base < price) {
