@@ -106,12 +106,12 @@ pool_options planned() {
   return o;
 }
 
-// A pool with plan_steps on a 4 GiB host device, and the program with its weights.
+// A pool with plan_steps (and options o) on a 4 GiB host device, and the program with its weights.
 struct planned_program {
   std::shared_ptr<host_page_device> dev = std::make_shared<host_page_device>(4 * GiB);
-  pool_resource pool{dev, nullptr, planned()};
+  pool_resource pool;
   program prog{pool};
-  planned_program() { prog.setup(); }
+  explicit planned_program(const pool_options& o = planned()) : pool{dev, nullptr, o} { prog.setup(); }
 };
 
 // n marked steps of the program.
@@ -946,14 +946,13 @@ TEST(plan_steps, a_step_too_long_to_plan_is_not_taken_and_a_later_loop_is) {
 // pages, the plan is made once they have moved a share of what it costs.
 TEST(plan_steps, plan_needs_moves_makes_no_plan_for_steps_that_move_no_page) {
   auto run = [](bool needs_moves, double remap_own_slack, int steps) {
-    auto dev = std::make_shared<host_page_device>(4 * GiB);
     pool_options o = planned();
     o.parse(needs_moves ? "plan_needs_moves:true" : "plan_needs_moves:false");
     EXPECT_NE(o.to_string().find(needs_moves ? "plan_needs_moves:true" : "plan_needs_moves:false"), std::string::npos);
     o.remap_own_slack = remap_own_slack;
-    pool_resource pool(dev, nullptr, o);
-    program prog{pool};
-    prog.setup();
+    planned_program t(o);
+    auto& pool = t.pool;
+    auto& prog = t.prog;
     const auto c0 = pool.counters();
     run_steps(pool, prog, steps);
     pool.check_invariants();
@@ -978,15 +977,14 @@ TEST(plan_steps, plan_needs_moves_makes_the_plan_once_the_steps_have_moved_pages
   // into the next step: the steps before the plan move pages, more than a
   // sixteenth of what the plan's first step maps, so the plan comes at the
   // same mark as without the option, and after it no page moves.
-  auto dev = std::make_shared<host_page_device>(4 * GiB);
   pool_options o = planned();
   o.plan_needs_moves = true;
   o.growth_slack = 0;
   o.remap_own_slack = 0;
-  pool_resource pool(dev, nullptr, o);
-  program prog{pool};
+  planned_program t(o);
+  auto& pool = t.pool;
+  auto& prog = t.prog;
   prog.keep_output = true;
-  prog.setup();
   std::size_t moved_before_plan = 0;
   for (int s = 0; s < 12; ++s) {
     pool.mark_step();
@@ -1010,12 +1008,11 @@ TEST(plan_steps, plan_needs_moves_buys_the_plan_once_later_steps_move_pages) {
   // Steps that settle get no plan. Trims between the steps then give the free
   // pages back (each counted as moved) and the steps map them again: once the
   // moves reach the price, the plan is made and the steps stop moving.
-  auto dev = std::make_shared<host_page_device>(4 * GiB);
   pool_options o = planned();
   o.plan_needs_moves = true;
-  pool_resource pool(dev, nullptr, o);
-  program prog{pool};
-  prog.setup();
+  planned_program t(o);
+  auto& pool = t.pool;
+  auto& prog = t.prog;
   run_steps(pool, prog, 8);
   const auto settled = pool.counters();
   ASSERT_EQ(settled.plans_made, 0u);
