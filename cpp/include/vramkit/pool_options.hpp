@@ -148,9 +148,10 @@ struct pool_options {
   // began (pages_remapped + pages_unmapped) reach a sixteenth of the pages
   // its first step would map; until then the steps are recorded again and
   // looked at every other mark (plans_skipped), laid out anew once the moves
-  // reach the last price. Steps that move no page then never pay for a plan; steps that
-  // keep moving pages pay a sixteenth more than with the plan made at once,
-  // and a plan that comes later may cost more (docs/BENCHMARKS.md 1q).
+  // reach the last price. Steps that move no page then never pay for a plan;
+  // steps that keep moving pages pay a sixteenth more than with the plan made
+  // at once, and a plan that comes later may cost more (docs/BENCHMARKS.md
+  // 1q).
   bool plan_needs_moves = false;
   // fit:address (true) or fit:best (false, the default): which backed free
   // block a large request (over small_threshold) takes when several fit. Best

@@ -257,6 +257,7 @@ struct pool_resource::impl {
     // pages the last layout's first step would map (0: not yet laid out);
     // whether the last plan_build stopped for it (not a failed build).
     std::size_t moves_base = 0, buy_at = 0;
+    bool skipped = false;
     // plan_needs_moves: the plan is made once the steps have moved a
     // sixteenth of the pages its first step would map (host model of the
     // shared GPT-2 trace as 20-60 training steps with the GPU 3,000
@@ -264,7 +265,6 @@ struct pool_resource::impl {
     // plan made at once, 397-622 when the moves had to reach the whole
     // price, whose plan came later and dearer; docs/BENCHMARKS.md 1q).
     static constexpr std::size_t plan_rent_share = 16;
-    bool skipped = false;
     bool chunks_to_give_back = false;  // the second mark's give-back could not wait for the GPU
     // split_chunks stopped with chunks left (no room for a chunk's pages, a
     // failing call): tried again this many marks later (4, 8, 16), then no more.
