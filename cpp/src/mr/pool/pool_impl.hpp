@@ -241,6 +241,10 @@ struct pool_resource::impl {
   // offsets, and later steps' requests placed there (see pool_options).
   struct step_plan {
     enum class phase : std::uint8_t { off, warming, recording, following, planned };
+    // plan_build: a plan made; none yet (plan_needs_moves: the steps have
+    // moved too few pages for it); none (too many requests, steps that do
+    // not repeat, no room).
+    enum class build : std::uint8_t { made, skipped, failed };
     // Steps with more large requests get no plan (laying one out takes time
     // that grows with the square of their number when they all live at once,
     // as a training step's activations do: on a 2-core VM 35 ms for 4,096,
@@ -254,10 +258,9 @@ struct pool_resource::impl {
     std::uint32_t marks = 0;   // marks so far, counted up to 2 (chunks are made until the second)
     std::uint32_t planned_marks = 0;  // marks since the plan in force was made
     // plan_needs_moves: page_moves() when the first recording began; the
-    // pages the last layout's first step would map (0: not yet laid out);
-    // whether the last plan_build stopped for it (not a failed build).
+    // share of the pages the last layout's first step would map that the
+    // steps must have moved for a plan (0: not yet laid out).
     std::size_t moves_base = 0, buy_at = 0;
-    bool skipped = false;
     // plan_needs_moves: the plan is made once the steps have moved a
     // sixteenth of the pages its first step would map (host model of the
     // shared GPT-2 trace as 20-60 training steps with the GPU 3,000
@@ -311,7 +314,7 @@ struct pool_resource::impl {
   bool plan_search(std::uint64_t& period, std::uint64_t& first) const;
   void plan_record_start();
   bool plan_give_back_chunks() noexcept;
-  bool plan_build();
+  step_plan::build plan_build();
   bool plan_repeats() const;
   std::size_t page_moves() const noexcept { return ctr.pages_remapped + ctr.pages_unmapped; }
   void plan_note_alloc(std::uintptr_t addr, std::size_t size) noexcept;

@@ -69,20 +69,20 @@ void pool_resource::impl::mark_step() {
       P.length = P.tick;
       P.ph = step_plan::phase::following;
       break;
-    case step_plan::phase::following:
-      if (opt.plan_needs_moves && P.buy_at && page_moves() - P.moves_base < P.buy_at) {
-        // The steps have not yet moved the share of the plan's price: no
-        // layout (a step that did not repeat still counts as one unplanned).
-        if (plan_repeats())
-          ++ctr.plans_skipped;
-        else
-          ++P.unplanned;
-        plan_record_start();
-      } else if (!plan_build()) {
-        if (!P.skipped) ++P.unplanned;
-        plan_record_start();
-      }
+    case step_plan::phase::following: {
+      // plan_needs_moves: while the steps have not yet moved the share of the
+      // last layout's price, no layout (a step that did not repeat is still
+      // a failure: the step finder counts those).
+      using build = step_plan::build;
+      const build r = opt.plan_needs_moves && P.buy_at && page_moves() - P.moves_base < P.buy_at
+                          ? (plan_repeats() ? build::skipped : build::failed)
+                          : plan_build();
+      if (r == build::made) break;
+      if (r == build::skipped) ++ctr.plans_skipped;
+      else ++P.unplanned;
+      plan_record_start();
       break;
+    }
     case step_plan::phase::planned:
       if (P.missed_bytes * 20 > P.step_bytes) {
         // Each plan made moves the step's pages once: after a drop, rest 4,
@@ -229,12 +229,11 @@ bool pool_resource::impl::plan_repeats() const {
 // carried into the next step): a block freed in the next step lives over the
 // step's end into its beginning. Then the plan's address space: past every
 // live or pending block of the large arena.
-bool pool_resource::impl::plan_build() {
+pool_resource::impl::step_plan::build pool_resource::impl::plan_build() {
   auto& P = plan;
-  P.skipped = false;  // a failure below counts as one (P.unplanned), a skip does not
   const std::uint64_t T = P.length;
-  if (P.items.size() > step_plan::max_items) return false;  // the layout's time grows as the square
-  if (!plan_repeats()) return false;
+  if (P.items.size() > step_plan::max_items) return step_plan::build::failed;  // the layout's time grows as the square
+  if (!plan_repeats()) return step_plan::build::failed;
   // Kept out: never freed yet (long-lived), living two steps or more, or
   // freed while another stream still used it. A block living more than a
   // step (a step's output kept until the next step has made its own, as
@@ -282,7 +281,7 @@ bool pool_resource::impl::plan_build() {
       places.push_back(pl);
     }
   }
-  if (places.empty() || T == 0) return false;
+  if (places.empty() || T == 0) return step_plan::build::failed;
   auto overlap = [](const place_of& a, const place_of& b) {
     for (int i = 0; i < a.n; ++i)
       for (int j = 0; j < b.n; ++j)
@@ -371,7 +370,7 @@ bool pool_resource::impl::plan_build() {
   for (const block* x = a->first; x; x = x->next)
     if (x->state != block::free_state) start = x->addr + x->size - a->base;
   start = round_up(start, page);
-  if (start > a->size || a->size - start < top) return false;
+  if (start > a->size || a->size - start < top) return step_plan::build::failed;
   if (opt.plan_needs_moves) {
     // The plan's first step maps a page wherever its space has none: made
     // only once the steps without it have moved a share of as many (rent
@@ -380,9 +379,7 @@ bool pool_resource::impl::plan_build() {
         std::max<std::size_t>(unmapped_inside(a, a->base + start, round_up(top, page)) / step_plan::plan_rent_share, 1);
     if (page_moves() - P.moves_base < price) {
       P.buy_at = price;
-      P.skipped = true;
-      ++ctr.plans_skipped;
-      return false;
+      return step_plan::build::skipped;
     }
   }
   P.base = a->base + start;
@@ -399,7 +396,7 @@ bool pool_resource::impl::plan_build() {
   P.planned_marks = 0;
   ++ctr.plans_made;
   ctr.plan_bytes = top;
-  return true;
+  return step_plan::build::made;
 }
 
 // The request's planned place, when the plan has one for it and every block
