@@ -330,7 +330,9 @@ def _marked_steps(r, sizes, steps=7):
 
 
 def test_mark_step_places_a_repeating_steps_requests_where_they_were():
-    r = vramkit.make_resource("pool:plan_steps:true")
+    """The plan made as soon as it is laid out (plan_needs_moves:false): these steps settle without
+    one, so the default makes none (the next test)."""
+    r = vramkit.make_resource("pool:plan_steps:true,plan_needs_moves:false")
     sizes = [12 << 20, 3 << 20, 20 << 20, 7 << 20]
     seen = _marked_steps(r, sizes)
     c = r.pool_counters()
@@ -342,10 +344,10 @@ def test_mark_step_places_a_repeating_steps_requests_where_they_were():
 
 
 def test_plan_needs_moves_leaves_steps_that_already_repeat_where_they_are():
-    """plan_needs_moves through a pool conf string: the same steps as above already land where they
-    did without a plan (the pool's own placement has settled), so no plan is made and no page
-    moves; a bad value is refused."""
-    r = vramkit.make_resource("pool:plan_steps:true,plan_needs_moves:true")
+    """plan_needs_moves (the default): the same steps as above already land where they did without a
+    plan (the pool's own placement has settled), so no plan is made and no page moves; a bad value
+    is refused."""
+    r = vramkit.make_resource("pool:plan_steps:true")
     seen = _marked_steps(r, [12 << 20, 3 << 20, 20 << 20, 7 << 20])
     c = r.pool_counters()
     assert c["plans_made"] == 0 and c["plans_skipped"] >= 1, c

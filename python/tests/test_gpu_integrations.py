@@ -556,11 +556,12 @@ import json, os, sys, time
 alloc = sys.argv[1] if len(sys.argv) > 1 else os.environ["VK_ALLOC"]
 # Step plans: later steps placed where a recorded one went. "vramkit-plan" marks each step at the
 # top of the loop; "vramkit-plan-auto" calls nothing but use(): the optimizer's steps mark them.
+# The plan is made as soon as it is laid out (plan_needs_moves off), at the steps the tests name.
 plan = alloc in ("vramkit-plan", "vramkit-plan-auto")
 manual_marks = alloc == "vramkit-plan"
 if alloc.startswith("vramkit"):
     import vramkit, vramkit.torch
-    vramkit.torch.use(**({"plan_steps": True, "remap_own_slack": 0} if plan else {}))
+    vramkit.torch.use(**({"plan_steps": True, "remap_own_slack": 0, "plan_needs_moves": False} if plan else {}))
 import torch
 torch.use_deterministic_algorithms(True, warn_only=True)
 torch.backends.cudnn.benchmark = False
@@ -705,7 +706,7 @@ import json, os, sys
 alloc = os.environ["VK_ALLOC"]
 if alloc == "vramkit":
     import vramkit, vramkit.torch
-    vramkit.torch.use(plan_steps=True, remap_own_slack=0)
+    vramkit.torch.use(plan_steps=True, remap_own_slack=0, plan_needs_moves=False)
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 torch.manual_seed(0)

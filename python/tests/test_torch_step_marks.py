@@ -58,9 +58,11 @@ def fake_torch(hooks, capturing=False):
 
 @pytest.fixture
 def plan_pool():
-    """A host pool with plan_steps as device 0's current resource; the manual-mark flag clear."""
+    """A host pool with plan_steps as device 0's current resource; the manual-mark flag clear. Its
+    plan is made as soon as it is laid out (plan_needs_moves:false): these steps settle without
+    one, and the tests count plans to see the marks."""
     previous = _vramkit.current_resource(0)
-    pool = vramkit.make_resource("pool:plan_steps:true", 0)
+    pool = vramkit.make_resource("pool:plan_steps:true,plan_needs_moves:false", 0)
     _vramkit.set_current_resource(pool, 0)
     vramkit._manual_marks[0] = False
     yield pool
@@ -133,7 +135,7 @@ def test_only_one_optimizer_marks_a_device(plan_pool):
 def test_each_device_is_marked_by_its_own_optimizer(monkeypatch):
     # Pipeline stages in one process: an optimizer per device. (The host backend has one
     # device: two host pools stand for devices 0 and 1.)
-    pools = {d: vramkit.make_resource("pool:plan_steps:true", 0) for d in (0, 1)}
+    pools = {d: vramkit.make_resource("pool:plan_steps:true,plan_needs_moves:false", 0) for d in (0, 1)}
     monkeypatch.setattr(vt, "_vramkit", SimpleNamespace(current_resource=lambda d: pools[d]))
     vramkit._manual_marks[0] = False
     marks = vt._OptimizerMarks()
