@@ -147,6 +147,7 @@ def test_runs_are_placed_on_the_gpus_cpus_away_from_the_parents_core(tmp_path):
 
 def _run(w, a, warm, reserved, nvml, values=((1.0,),), rep=0):
     return {"workload": w, "allocator": a, "repeat": rep, "cold_ms": 10 * warm, "warm_ms": warm,
+            "step_ms": [10 * warm, warm, warm],
             "peak_allocated": 100, "peak_reserved": reserved, "nvml_peak": nvml,
             "values": [[float(x).hex() for x in v] for v in values], "digest": []}
 
@@ -189,13 +190,15 @@ def test_targets_name_the_workloads_that_miss_each_one():
     t = report.targets(rows)
     assert list(t) == ["vramkit"]  # PyTorch's own allocators are the baselines, not judged
     v = t["vramkit"]
-    assert len(v) == 5
+    assert len(v) == 6
     for name, r in v.items():
         assert r["met"] == ["a"], name
         assert [w for w, _ in r["not"]] == ["b", "c"], name
         assert r["not"][1][1] is None  # no runs: no figure
     assert dict(v["device memory <= PyTorch's smaller"]["not"])["b"] == pytest.approx(175 / 170)
     assert dict(v["first step <= PyTorch default's"]["not"])["b"] == pytest.approx(1.1)
+    # the whole run: every step, the first included (12x the warm step here), against the faster
+    assert dict(v["whole run (every step) <= 1.00x PyTorch's faster"]["not"])["b"] == pytest.approx(132 / 120)
     assert dict(v["repeats within 1 % on peak reserved"]["not"])["b"] == pytest.approx(100 * 2 / 110)
     text = report.targets_text(rows)
     assert "reserved <= 1.03x allocated: 1 of 3 (not: b 1.100, c -)" in text
@@ -413,7 +416,9 @@ def test_step_minimum_takes_each_steps_fastest_repeat():
     assert d["spread_warm_pct"] == pytest.approx(100 * 5 / 12.5)
     assert report.step_minimum([]) == (None, None)
     line = report.table(report.summarize(runs, ["s"], ["default", "expandable", "vramkit"])).splitlines()[-1]
-    assert line.endswith("| 1.000 | 1.500 |"), line
+    # warm min x, warm total x, then the whole run: the median repeat of all its steps (140 and 190
+    # ms: 165) against the faster PyTorch setting's (default 90 and 120, expandable 98 and 93: 95.5)
+    assert line.endswith("| 1.000 | 1.500 | 165 | 1.728 |"), line
 
 
 def test_steps_against_pytorch_default_show_a_steady_lead():
