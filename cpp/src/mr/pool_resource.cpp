@@ -234,6 +234,11 @@ pool_resource::pool_resource(std::shared_ptr<page_device> pages, std::shared_ptr
   impl_->pages = std::move(pages);
   impl_->streams = streams ? std::move(streams) : std::make_shared<host_stream_ops>();
   impl_->opt = options;
+  if (options.async_map) {  // the page calls on a worker thread, in stream order
+    auto o = std::make_shared<ordered_page_device>(impl_->pages, impl_->streams);
+    impl_->ordered = o.get();
+    impl_->pages = std::move(o);
+  }
   impl_->calls0 = impl_->pages->call_times();  // a device may serve pools before this one
   impl_->init_paged();
 }
@@ -250,7 +255,20 @@ pool_resource::pool_resource(std::shared_ptr<device_resource> upstream, std::sha
 
 pool_resource::~pool_resource() = default;
 
-void* pool_resource::do_allocate(std::size_t bytes, stream_t stream) { return impl_->allocate(bytes, stream); }
+void* pool_resource::do_allocate(std::size_t bytes, stream_t stream) {
+  void* p = impl_->allocate(bytes, stream);
+  if (impl_->ordered && p) {
+    // async_map: the stream waits for the block's pages to be mapped (outside
+    // the lock: the host may have to wait for the worker).
+    try {
+      impl_->ordered->order(stream);
+    } catch (...) {
+      impl_->deallocate(p, 0, stream);
+      throw;
+    }
+  }
+  return p;
+}
 free_status pool_resource::try_deallocate(void* p, std::size_t bytes, stream_t stream) noexcept {
   return impl_->deallocate(p, bytes, stream);
 }
@@ -285,6 +303,13 @@ pool_counters pool_resource::counters() const {
     c.page_map_ns = t.map_ns - t0.map_ns;
     c.page_unmap_ns = t.unmap_ns - t0.unmap_ns;
     c.page_destroy_ns = t.destroy_ns - t0.destroy_ns;
+  }
+  if (impl_->ordered) {
+    const auto o = impl_->ordered->read();
+    c.async_calls = o.calls_queued;
+    c.async_stream_waits = o.stream_waits;
+    c.async_host_waits = o.host_waits;
+    c.async_host_wait_ns = o.host_wait_ns;
   }
   return c;
 }

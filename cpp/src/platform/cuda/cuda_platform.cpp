@@ -59,6 +59,7 @@ struct driver_api {
   decltype(&::cuMemAddressFree) address_free = nullptr;
   decltype(&::cuMemGetAllocationGranularity) granularity = nullptr;
   decltype(&::cuGetErrorName) error_name = nullptr;
+  decltype(&::cuStreamWaitValue32) wait_value32 = nullptr;  // optional: nullptr when the driver has none
 };
 
 template <class F>
@@ -84,6 +85,11 @@ const driver_api& driver() {
     load("cuMemAddressFree", a.address_free);
     load("cuMemGetAllocationGranularity", a.granularity);
     load("cuGetErrorName", a.error_name);
+    try {
+      load("cuStreamWaitValue32", a.wait_value32);
+    } catch (const cuda_error&) {
+      a.wait_value32 = nullptr;  // async_map then waits on the host
+    }
     return a;
   }();
   return api;
@@ -238,7 +244,42 @@ class vmm_device final : public page_device {
     page_call_clock::scope t(clock_.unmap);
     driver().unmap(static_cast<CUdeviceptr>(va), count * granularity_);
   }
-  void attach_thread() override { VK_CUDA(cudaSetDevice(device_)); }
+  // A helper thread of the pool's makes page calls while another thread may
+  // capture a graph in "global" mode, which forbids them on every thread
+  // that has not relaxed its own mode.
+  void attach_thread() override {
+    VK_CUDA(cudaSetDevice(device_));
+    relax_capture_mode();
+  }
+  std::uint32_t* make_wait_word() override {
+    if (!driver().wait_value32) return nullptr;
+    device_guard g(device_);
+    void* p = nullptr;
+    if (cudaHostAlloc(&p, 64, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) {
+      cudaGetLastError();
+      return nullptr;
+    }
+    void* d = nullptr;  // the same address under unified addressing; asked all the same
+    if (cudaHostGetDevicePointer(&d, p, 0) != cudaSuccess) {
+      cudaGetLastError();
+      cudaFreeHost(p);
+      return nullptr;
+    }
+    wait_dev_ = reinterpret_cast<CUdeviceptr>(d);
+    return static_cast<std::uint32_t*>(p);
+  }
+  void free_wait_word(std::uint32_t* w) noexcept override {
+    if (w && cudaFreeHost(w) != cudaSuccess) cudaGetLastError();  // (at exit the driver may be gone)
+  }
+  bool queue_wait(stream_t s, std::uint32_t* /*word*/, std::uint32_t value) override {
+    if (!wait_dev_ || waits_refused_.load(std::memory_order_relaxed)) return false;
+    const CUresult r = driver().wait_value32(reinterpret_cast<CUstream>(s), wait_dev_, value, CU_STREAM_WAIT_VALUE_GEQ);
+    if (r != CUDA_SUCCESS) {
+      waits_refused_.store(true, std::memory_order_relaxed);  // the host waits from now on
+      return false;
+    }
+    return true;
+  }
   void synchronize() override { synchronize_device(device_); }
   bool copies() const noexcept override { return true; }
   void copy(std::uintptr_t dst, std::uintptr_t src, std::size_t bytes) override {
@@ -262,6 +303,8 @@ class vmm_device final : public page_device {
   std::atomic<std::size_t> chunks_live_{0};  // chunks_.size(): page destroys skip the lock while 0
   CUmemAllocationProp prop_{};
   std::vector<CUmemAccessDesc> access_;
+  CUdeviceptr wait_dev_ = 0;                // async_map's word, as the device sees it
+  std::atomic<bool> waits_refused_{false};  // the driver refused a stream wait
 };
 
 // ---- plain resources -----------------------------------------------------------

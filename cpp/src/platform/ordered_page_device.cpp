@@ -1,0 +1,269 @@
+// Page calls on a worker thread, in stream order: see ordered_page_device.hpp.
+#include "vramkit/platform/ordered_page_device.hpp"
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <utility>
+
+#include "../detail/helper_thread.hpp"
+
+namespace vramkit {
+
+ordered_page_device::ordered_page_device(std::shared_ptr<page_device> inner, std::shared_ptr<stream_ops> streams,
+                                         std::size_t low_memory)
+    : inner_(std::move(inner)), streams_(std::move(streams)) {
+  if (!inner_) throw invalid_argument("ordered_page_device: no page device given");
+  low_memory_ = low_memory ? low_memory : std::max<std::size_t>(std::size_t{1} << 30, inner_->capacity() / 16);
+  word_ = inner_->make_wait_word();  // nullptr: the host waits for the worker
+  if (word_) *reinterpret_cast<volatile std::uint32_t*>(word_) = 0;
+}
+
+ordered_page_device::~ordered_page_device() {
+  {
+    std::unique_lock<std::mutex> l(mu_);
+    stop_ = true;  // the worker makes what is queued, then ends
+  }
+  work_cv_.notify_all();
+  if (worker_.joinable()) worker_.join();
+  // Nothing may be left: calls queued when no worker runs are made here.
+  for (call& c : queue_) run(c);
+  queue_.clear();
+  if (word_) inner_->free_wait_word(word_);
+}
+
+bool ordered_page_device::at_once() const noexcept { return low_ || failed_ || worker_failed_; }
+
+void ordered_page_device::run(call& c) {
+  switch (c.k) {
+    case kind::map:
+      inner_->map(c.va, c.handles.data(), c.count);
+      break;
+    case kind::map_chunk:
+      inner_->map_chunk(c.va, c.h, c.count);
+      break;
+    case kind::unmap:
+      inner_->unmap(c.va, c.count);
+      break;
+    case kind::destroy:
+      inner_->destroy(c.h);
+      break;
+  }
+}
+
+void ordered_page_device::loop() {
+  try {
+    inner_->attach_thread();
+  } catch (...) {
+    std::lock_guard<std::mutex> l(mu_);
+    failed_ = true;
+    failure_ = "vramkit: async_map's worker thread could not use the device";
+  }
+  std::unique_lock<std::mutex> l(mu_);
+  for (;;) {
+    work_cv_.wait(l, [&] { return stop_ || !queue_.empty(); });
+    if (queue_.empty()) return;  // stop_, nothing left
+    call c = std::move(queue_.front());
+    queue_.pop_front();
+    l.unlock();
+    std::string err;
+    try {
+      run(c);
+    } catch (const std::exception& e) {
+      err = e.what();
+    } catch (...) {
+      err = "unknown error";
+    }
+    // The number goes out after the call returned: a stream that waits for it
+    // finds the page mapped. (A failed call releases its waiters too: they
+    // would wait for ever; the failure is reported to the host.)
+    std::atomic_thread_fence(std::memory_order_seq_cst);
+    if (word_) *reinterpret_cast<volatile std::uint32_t*>(word_) = static_cast<std::uint32_t>(c.seq);
+    l.lock();
+    if (!err.empty() && !failed_) {
+      failed_ = true;
+      failure_ = "vramkit: a page call made in stream order (async_map) failed: " + err;
+    }
+    made_ = c.seq;
+    done_cv_.notify_all();
+  }
+}
+
+void ordered_page_device::enqueue(call c) {
+  // With mu_ held by the caller.
+  if (!worker_.joinable() && !worker_failed_) {
+    try {
+      worker_ = detail::start_helper("vramkit-map", [this] { loop(); });
+    } catch (...) {
+      worker_failed_ = true;
+    }
+  }
+  if (worker_failed_) {  // no worker: made here, in order after nothing
+    run(c);
+    ++ctr_.calls_at_once;
+    return;
+  }
+  c.seq = ++queued_;
+  queue_.push_back(std::move(c));
+  ++ctr_.calls_queued;
+  work_cv_.notify_one();
+}
+
+void ordered_page_device::rethrow_failure() {
+  std::string f;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (failure_.empty()) return;
+    f = std::move(failure_);
+    failure_.clear();
+  }
+  throw cuda_error(f, 1);
+}
+
+void ordered_page_device::drain() {
+  {
+    std::unique_lock<std::mutex> l(mu_);
+    if (made_ < queued_) {
+      const auto t0 = std::chrono::steady_clock::now();
+      const std::uint64_t want = queued_;
+      done_cv_.wait(l, [&] { return made_ >= want; });
+      ++ctr_.host_waits;
+      ctr_.host_wait_ns += static_cast<std::uint64_t>(
+          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
+    }
+  }
+  rethrow_failure();
+}
+
+void ordered_page_device::order(stream_t s) {
+  std::uint64_t want;
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    want = queued_;
+    if (made_ >= want && failure_.empty()) return;  // the common case: nothing outstanding
+  }
+  // A stream under capture would put the wait into its graph: the host waits.
+  if (word_ && !(streams_ && streams_->capturing(s)) &&
+      inner_->queue_wait(s, word_, static_cast<std::uint32_t>(want))) {
+    std::lock_guard<std::mutex> l(mu_);
+    ++ctr_.stream_waits;
+    if (failure_.empty()) return;
+  }
+  drain();
+}
+
+page_handle ordered_page_device::create() {
+  page_handle h = inner_->create();
+  if (!h) {  // destroys still queued may free the room
+    drain();
+    h = inner_->create();
+  }
+  if (h) note_room();
+  return h;
+}
+
+page_handle ordered_page_device::create_chunk(std::size_t pages) {
+  page_handle h = inner_->create_chunk(pages);
+  if (!h) {
+    drain();
+    h = inner_->create_chunk(pages);
+  }
+  if (h) note_room();
+  return h;
+}
+
+// Every 16 pages created, whether the device is short of memory: then the
+// calls are made at once, so that a mapping that fails for want of memory
+// fails in the caller's call.
+void ordered_page_device::note_room() {
+  {
+    std::lock_guard<std::mutex> l(mu_);
+    if (creates_++ % 16 != 0) return;
+  }
+  const bool low = inner_->available() < low_memory_;
+  std::lock_guard<std::mutex> l(mu_);
+  low_ = low;
+}
+
+void ordered_page_device::map(std::uintptr_t va, const page_handle* handles, std::size_t count) {
+  if (count == 0) return;
+  std::unique_lock<std::mutex> l(mu_);
+  if (at_once()) {
+    l.unlock();
+    drain();  // after the calls queued before it
+    inner_->map(va, handles, count);
+    std::lock_guard<std::mutex> g(mu_);
+    ++ctr_.calls_at_once;
+    return;
+  }
+  call c{kind::map, va, count, 0, std::vector<page_handle>(handles, handles + count), 0};
+  enqueue(std::move(c));
+}
+
+void ordered_page_device::map_chunk(std::uintptr_t va, page_handle h, std::size_t pages) {
+  std::unique_lock<std::mutex> l(mu_);
+  if (at_once()) {
+    l.unlock();
+    drain();
+    inner_->map_chunk(va, h, pages);
+    std::lock_guard<std::mutex> g(mu_);
+    ++ctr_.calls_at_once;
+    return;
+  }
+  enqueue(call{kind::map_chunk, va, pages, h, {}, 0});
+}
+
+void ordered_page_device::unmap(std::uintptr_t va, std::size_t count) noexcept {
+  if (count == 0) return;
+  try {
+    std::lock_guard<std::mutex> l(mu_);
+    enqueue(call{kind::unmap, va, count, 0, {}, 0});
+    return;
+  } catch (...) {
+  }
+  // The queue could not grow: after what is queued, here.
+  try {
+    drain();
+  } catch (...) {
+  }
+  inner_->unmap(va, count);
+}
+
+void ordered_page_device::destroy(page_handle h) noexcept {
+  try {
+    std::lock_guard<std::mutex> l(mu_);
+    enqueue(call{kind::destroy, 0, 0, h, {}, 0});
+    return;
+  } catch (...) {
+  }
+  try {
+    drain();
+  } catch (...) {
+  }
+  inner_->destroy(h);
+}
+
+void ordered_page_device::unreserve(std::uintptr_t va, std::size_t bytes) noexcept {
+  try {
+    drain();  // its unmaps first
+  } catch (...) {
+  }
+  inner_->unreserve(va, bytes);
+}
+
+void ordered_page_device::synchronize() {
+  drain();
+  inner_->synchronize();
+}
+
+void ordered_page_device::copy(std::uintptr_t dst, std::uintptr_t src, std::size_t bytes) {
+  drain();
+  inner_->copy(dst, src, bytes);
+}
+
+ordered_page_device::counters ordered_page_device::read() const {
+  std::lock_guard<std::mutex> l(mu_);
+  return ctr_;
+}
+
+}  // namespace vramkit

@@ -1,0 +1,343 @@
+// async_map: page calls made on a worker thread in order, with streams made to
+// wait for them (ordered_page_device), on the host device. The waits a CUDA
+// stream makes are checked on the GPU (docs/GPU-TESTS.md).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "forwarding_device.hpp"
+#include "vramkit/mr/pool_resource.hpp"
+#include "vramkit/platform/host_page_device.hpp"
+#include "vramkit/platform/ordered_page_device.hpp"
+
+using namespace vramkit;
+
+namespace {
+
+constexpr std::size_t MiB = std::size_t{1} << 20;
+
+// Records every call with the thread that made it, holds map/unmap/destroy
+// until opened, and lets streams "wait" on a word (recording the waits).
+class gated_device : public test::forwarding_device {
+ public:
+  struct entry {
+    std::string what;
+    std::uintptr_t va;
+    std::size_t n;
+    std::thread::id by;
+  };
+  gated_device(std::shared_ptr<page_device> in, bool streams_wait, bool open = true)
+      : forwarding_device(std::move(in)), streams_wait_(streams_wait), open_(open) {}
+  std::uint32_t* make_wait_word() override { return streams_wait_ ? &word_ : nullptr; }
+  bool queue_wait(stream_t s, std::uint32_t* w, std::uint32_t v) override {
+    std::lock_guard<std::mutex> l(m_);
+    EXPECT_EQ(w, &word_);
+    waits.push_back({s, v});
+    return true;
+  }
+  void map(std::uintptr_t va, const page_handle* h, std::size_t n) override {
+    hold();
+    if (fail_maps) throw cuda_error("injected map failure", 1);
+    log("map", va, n);
+    in_->map(va, h, n);
+  }
+  void unmap(std::uintptr_t va, std::size_t n) noexcept override {
+    hold();
+    log("unmap", va, n);
+    in_->unmap(va, n);
+  }
+  void destroy(page_handle h) noexcept override {
+    hold();
+    log("destroy", 0, 1);
+    in_->destroy(h);
+  }
+  std::size_t available() const noexcept override { return avail; }
+  std::string name() const override { return "gated"; }
+  void close() {
+    std::lock_guard<std::mutex> l(m_);
+    open_ = false;
+  }
+  void open() {
+    {
+      std::lock_guard<std::mutex> l(m_);
+      open_ = true;
+    }
+    cv_.notify_all();
+  }
+  std::vector<entry> entries() {
+    std::lock_guard<std::mutex> l(m_);
+    return log_;
+  }
+  std::uint32_t word() const { return *reinterpret_cast<const volatile std::uint32_t*>(&word_); }
+  std::vector<std::pair<stream_t, std::uint32_t>> waits;
+  bool fail_maps = false;
+  std::size_t avail = std::size_t{1} << 40;
+
+ private:
+  void hold() {
+    std::unique_lock<std::mutex> l(m_);
+    cv_.wait(l, [&] { return open_; });
+  }
+  void log(const char* w, std::uintptr_t va, std::size_t n) {
+    std::lock_guard<std::mutex> l(m_);
+    log_.push_back({w, va, n, std::this_thread::get_id()});
+  }
+  bool streams_wait_;
+  bool open_;
+  std::uint32_t word_ = 0;
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::vector<entry> log_;
+};
+
+class capturing_streams : public stream_ops {
+ public:
+  event_id record(stream_t) override { return 1; }
+  bool done(event_id) override { return true; }
+  void wait(event_id) override {}
+  void release(event_id) noexcept override {}
+  bool capturing(stream_t s) noexcept override { return s == 9; }
+};
+
+std::shared_ptr<host_page_device> host(std::size_t pages = 64) {
+  return std::make_shared<host_page_device>(pages * 2 * MiB);
+}
+
+}  // namespace
+
+TEST(ordered_device, calls_are_made_in_order_on_a_worker_thread) {
+  auto h = host();
+  auto g = std::make_shared<gated_device>(h, true, false);  // held: the calls stay queued
+  ordered_page_device d(g, nullptr);
+  const std::uintptr_t va = d.reserve(8 * 2 * MiB);
+  std::vector<page_handle> ps;
+  for (int i = 0; i < 4; ++i) ps.push_back(d.create());  // created at once, on this thread
+  EXPECT_EQ(h->created_bytes(), 4 * 2 * MiB);
+  d.map(va, ps.data(), 4);
+  d.unmap(va + 2 * 2 * MiB, 2);
+  d.map(va + 4 * 2 * MiB, &ps[2], 2);
+  d.unmap(va, 2);
+  d.destroy(ps[0]);
+  EXPECT_TRUE(g->entries().empty());  // nothing made yet: the caller did not wait
+  EXPECT_EQ(d.read().calls_queued, 5u);
+  g->open();
+  d.drain();
+  auto e = g->entries();
+  ASSERT_EQ(e.size(), 5u);
+  const std::vector<std::string> want{"map", "unmap", "map", "unmap", "destroy"};
+  for (std::size_t i = 0; i < e.size(); ++i) {
+    EXPECT_EQ(e[i].what, want[i]) << i;
+    EXPECT_NE(e[i].by, std::this_thread::get_id()) << i;
+  }
+  EXPECT_EQ(e[2].va, va + 4 * 2 * MiB);
+  EXPECT_EQ(g->word(), 5u);  // the last call's number, for streams to wait on
+  EXPECT_EQ(h->created_bytes(), 3 * 2 * MiB);
+  // The pages mapped last hold bytes.
+  std::memset(reinterpret_cast<void*>(va + 4 * 2 * MiB), 0x5a, 2 * 2 * MiB);
+  d.unmap(va + 4 * 2 * MiB, 2);
+  for (int i = 1; i < 4; ++i) d.destroy(ps[i]);
+  d.unreserve(va, 8 * 2 * MiB);  // waits for the unmaps before the address space goes
+  EXPECT_EQ(h->created_bytes(), 0u);
+}
+
+TEST(ordered_device, order_queues_a_wait_on_the_stream_for_the_last_call_instead_of_waiting) {
+  auto g = std::make_shared<gated_device>(host(), true, false);
+  ordered_page_device d(g, nullptr);
+  const std::uintptr_t va = d.reserve(4 * 2 * MiB);
+  page_handle p = d.create();
+  d.order(5);  // nothing queued: no wait of any kind
+  EXPECT_TRUE(g->waits.empty());
+  d.map(va, &p, 1);
+  d.order(5);  // the map is held on the worker: the stream waits, the host does not
+  ASSERT_EQ(g->waits.size(), 1u);
+  EXPECT_EQ(g->waits[0].first, stream_t{5});
+  EXPECT_EQ(g->waits[0].second, 1u);
+  EXPECT_EQ(d.read().host_waits, 0u);
+  EXPECT_EQ(d.read().stream_waits, 1u);
+  g->open();
+  d.drain();
+  EXPECT_EQ(g->word(), 1u);
+  d.order(5);  // made: nothing to wait for
+  EXPECT_EQ(g->waits.size(), 1u);
+  d.unmap(va, 1);
+  d.destroy(p);
+  d.unreserve(va, 4 * 2 * MiB);
+}
+
+TEST(ordered_device, a_stream_under_capture_and_a_device_without_stream_waits_get_the_host_waiting) {
+  {
+    auto g = std::make_shared<gated_device>(host(), true);
+    ordered_page_device d(g, std::make_shared<capturing_streams>());
+    const std::uintptr_t va = d.reserve(4 * 2 * MiB);
+    page_handle p = d.create();
+    d.map(va, &p, 1);
+    d.order(9);  // capturing: a wait would enter the graph
+    EXPECT_TRUE(g->waits.empty());
+    EXPECT_EQ(g->entries().size(), 1u);  // made before order returned
+    d.unmap(va, 1);
+    d.destroy(p);
+    d.unreserve(va, 4 * 2 * MiB);
+  }
+  {
+    auto g = std::make_shared<gated_device>(host(), false);
+    ordered_page_device d(g, nullptr);
+    const std::uintptr_t va = d.reserve(4 * 2 * MiB);
+    page_handle p = d.create();
+    d.map(va, &p, 1);
+    d.order(1);
+    EXPECT_EQ(g->entries().size(), 1u);
+    std::memset(reinterpret_cast<void*>(va), 1, 2 * MiB);  // mapped when order returned
+    d.unmap(va, 1);
+    d.destroy(p);
+    d.unreserve(va, 4 * 2 * MiB);
+  }
+}
+
+TEST(ordered_device, a_call_failed_on_the_worker_is_reported_once_and_later_calls_are_made_at_once) {
+  auto g = std::make_shared<gated_device>(host(), true);
+  ordered_page_device d(g, nullptr);
+  const std::uintptr_t va = d.reserve(4 * 2 * MiB);
+  page_handle p = d.create();
+  g->fail_maps = true;
+  d.map(va, &p, 1);  // queued: it fails on the worker
+  try {
+    d.drain();
+    FAIL() << "no error";
+  } catch (const cuda_error& e) {
+    EXPECT_NE(std::string(e.what()).find("injected map failure"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("async_map"), std::string::npos) << e.what();
+  }
+  EXPECT_NO_THROW(d.drain());  // reported once
+  EXPECT_THROW(d.map(va, &p, 1), cuda_error);  // made at once now: the caller sees its own failure
+  g->fail_maps = false;
+  d.map(va, &p, 1);
+  EXPECT_EQ(d.read().calls_at_once, 1u);
+  std::memset(reinterpret_cast<void*>(va), 2, 2 * MiB);
+  d.unmap(va, 1);
+  d.destroy(p);
+  d.unreserve(va, 4 * 2 * MiB);
+}
+
+TEST(ordered_device, low_free_memory_makes_the_calls_at_once) {
+  auto g = std::make_shared<gated_device>(host(), true);
+  g->avail = 100 * MiB;
+  ordered_page_device d(g, nullptr, 512 * MiB);
+  const std::uintptr_t va = d.reserve(4 * 2 * MiB);
+  page_handle p = d.create();  // reads the room: low
+  d.map(va, &p, 1);
+  EXPECT_EQ(d.read().calls_queued, 0u);
+  EXPECT_EQ(d.read().calls_at_once, 1u);
+  EXPECT_EQ(g->entries().size(), 1u);
+  EXPECT_EQ(g->entries()[0].by, std::this_thread::get_id());
+  d.unmap(va, 1);
+  d.destroy(p);
+  d.unreserve(va, 4 * 2 * MiB);
+}
+
+TEST(ordered_device, a_full_device_creates_again_once_the_queued_destroys_are_made) {
+  auto g = std::make_shared<gated_device>(host(2), true, false);
+  ordered_page_device d(g, nullptr);
+  page_handle a = d.create(), b = d.create();
+  ASSERT_TRUE(a && b);
+  d.destroy(a);  // held on the worker
+  std::thread opener([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    g->open();
+  });
+  page_handle c = d.create();  // the device is full until the destroy is made
+  opener.join();
+  EXPECT_NE(c, 0u);
+  EXPECT_GE(d.read().host_waits, 1u);
+  d.destroy(b);
+  d.destroy(c);
+  d.drain();
+  EXPECT_EQ(g->created_bytes(), 0u);
+}
+
+TEST(ordered_device, destruction_makes_every_call_still_queued) {
+  auto h = host();
+  auto g = std::make_shared<gated_device>(h, true, false);
+  std::uintptr_t va = 0;
+  {
+    ordered_page_device d(g, nullptr);
+    va = d.reserve(4 * 2 * MiB);
+    page_handle p = d.create();
+    d.map(va, &p, 1);
+    d.unmap(va, 1);
+    d.destroy(p);
+    std::thread opener([&] {
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      g->open();
+    });
+    opener.detach();  // (g outlives the thread's use: it opens before d's destructor returns)
+  }
+  EXPECT_EQ(g->entries().size(), 3u);
+  EXPECT_EQ(h->created_bytes(), 0u);
+  h->unreserve(va, 4 * 2 * MiB);
+}
+
+TEST(ordered_device, a_pool_with_async_map_keeps_its_blocks_bytes_and_orders_each_allocation) {
+  auto g = std::make_shared<gated_device>(host(1024), true);
+  pool_options o;
+  o.async_map = true;
+  pool_resource pool(g, nullptr, o);
+  struct live_block {
+    unsigned char* p;
+    std::size_t n;
+    unsigned char v;
+  };
+  std::vector<live_block> live;
+  std::size_t k = 0;
+  auto made = [&] {  // what a stream's wait waits for: every call queued made
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    while (g->word() < pool.counters().async_calls && std::chrono::steady_clock::now() < until)
+      std::this_thread::yield();
+    ASSERT_EQ(g->word(), pool.counters().async_calls);
+  };
+  for (int round = 0; round < 6; ++round) {
+    const std::size_t waits0 = g->waits.size(), calls0 = pool.counters().async_calls;
+    g->close();  // the round's calls stay queued until it is over
+    for (int i = 0; i < 12; ++i) {
+      const std::size_t n = (1 + (k * 7) % 23) * MiB + (k % 3) * 4096;
+      const auto v = static_cast<unsigned char>(++k);
+      auto* p = static_cast<unsigned char*>(pool.allocate(n, 3));
+      ASSERT_NE(p, nullptr);
+      live.push_back({p, n, v});
+    }
+    // Pages mapped or moved in the round: the stream waits for them, the host did not.
+    if (pool.counters().async_calls > calls0) EXPECT_GT(g->waits.size(), waits0) << "round " << round;
+    if (round == 0) EXPECT_GT(pool.counters().async_calls, calls0);
+    g->open();
+    made();
+    for (auto& b : live)
+      if (b.v > k - 12) {
+        std::memset(b.p, b.v, 4096);
+        std::memset(b.p + b.n - 4096, b.v, 4096);
+      }
+    for (auto& b : live) {  // the blocks kept from earlier rounds kept their bytes through the moves
+      EXPECT_EQ(b.p[0], b.v);
+      EXPECT_EQ(b.p[b.n - 1], b.v);
+    }
+    std::vector<live_block> keep;  // every other block goes: the next round moves pages
+    for (std::size_t i = 0; i < live.size(); ++i) {
+      if (i % 2 == 0)
+        pool.deallocate(live[i].p, live[i].n, 3);
+      else
+        keep.push_back(live[i]);
+    }
+    live.swap(keep);
+  }
+  const pool_counters c = pool.counters();
+  EXPECT_GT(c.async_calls, 0u);
+  EXPECT_GT(c.async_stream_waits, 0u);
+  EXPECT_EQ(c.async_host_waits, 0u);
+  EXPECT_GT(c.pages_remapped + c.pages_unmapped, 0u);
+  for (const auto& w : g->waits) EXPECT_EQ(w.first, stream_t{3});
+  for (auto& b : live) pool.deallocate(b.p, b.n, 3);
+}
