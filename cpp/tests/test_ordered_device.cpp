@@ -282,6 +282,60 @@ TEST(ordered_device, destruction_makes_every_call_still_queued) {
   h->unreserve(va, 4 * 2 * MiB);
 }
 
+TEST(ordered_device, async_create_makes_the_pages_on_the_worker_and_maps_them_by_its_own_handles) {
+  auto h = host();
+  auto g = std::make_shared<gated_device>(h, true, false);
+  ordered_page_device d(g, nullptr, 0, true);
+  const std::uintptr_t va = d.reserve(4 * 2 * MiB);
+  page_handle ps[2] = {d.create(), d.create()};
+  ASSERT_TRUE(ps[0] && ps[1]);
+  EXPECT_NE(ps[0], ps[1]);
+  d.map(va, ps, 2);
+  d.order(4);
+  EXPECT_EQ(h->created_bytes(), 0u);  // still queued: the caller made no driver call
+  ASSERT_EQ(g->waits.size(), 1u);
+  EXPECT_EQ(g->waits[0].second, 3u);  // two creations and the map
+  EXPECT_EQ(d.read().creates_queued, 2u);
+  g->open();
+  d.drain();
+  EXPECT_EQ(h->created_bytes(), 2 * 2 * MiB);
+  std::memset(reinterpret_cast<void*>(va), 3, 2 * 2 * MiB);
+  d.unmap(va, 2);
+  d.destroy(ps[0]);
+  d.destroy(ps[1]);
+  d.drain();
+  EXPECT_EQ(h->created_bytes(), 0u);
+  d.unreserve(va, 4 * 2 * MiB);
+}
+
+TEST(ordered_device, async_create_creates_at_once_when_memory_is_low_and_reports_a_failed_creation) {
+  {
+    auto g = std::make_shared<gated_device>(host(), true);
+    g->avail = 100 * MiB;
+    ordered_page_device d(g, nullptr, 512 * MiB, true);
+    page_handle p = d.create();
+    EXPECT_EQ(d.read().creates_queued, 0u);
+    EXPECT_EQ(g->created_bytes(), 2 * MiB);  // the device's own handle, made here
+    d.destroy(p);
+    d.drain();
+  }
+  {
+    auto g = std::make_shared<gated_device>(host(1), true);  // room for one page, though it claims more
+    ordered_page_device d(g, nullptr, 1, true);
+    page_handle a = d.create(), b = d.create();
+    try {
+      d.drain();
+      FAIL() << "no error";
+    } catch (const cuda_error& e) {
+      EXPECT_NE(std::string(e.what()).find("no room"), std::string::npos) << e.what();
+    }
+    d.destroy(a);
+    d.destroy(b);  // its creation failed: nothing to destroy
+    d.drain();
+    EXPECT_EQ(g->created_bytes(), 0u);
+  }
+}
+
 TEST(ordered_device, a_pool_with_async_map_keeps_its_blocks_bytes_and_orders_each_allocation) {
   auto g = std::make_shared<gated_device>(host(1024), true);
   pool_options o;

@@ -72,6 +72,12 @@ struct pool_options {
   // thread; while the device's free memory is low, or under a graph capture,
   // the host waits as before.
   bool async_map = false;
+  // async_map, and the pages created on the worker too while the device has
+  // room (its free memory over max(1 GiB, 1/16 of it) plus the pages queued):
+  // the allocating thread then makes no driver call for a new page at all.
+  // A creation that fails on the worker all the same cannot be reported to
+  // the allocation it served.
+  bool async_create = false;
   // Bulk growth in chunks: where the large arena grows under one block, the
   // pool creates physical memory in handles of chunk_size bytes (a multiple
   // of the page size, at least two pages), each mapped whole at a

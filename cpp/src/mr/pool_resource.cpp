@@ -234,8 +234,8 @@ pool_resource::pool_resource(std::shared_ptr<page_device> pages, std::shared_ptr
   impl_->pages = std::move(pages);
   impl_->streams = streams ? std::move(streams) : std::make_shared<host_stream_ops>();
   impl_->opt = options;
-  if (options.async_map) {  // the page calls on a worker thread, in stream order
-    auto o = std::make_shared<ordered_page_device>(impl_->pages, impl_->streams);
+  if (options.async_map || options.async_create) {  // the page calls on a worker thread, in stream order
+    auto o = std::make_shared<ordered_page_device>(impl_->pages, impl_->streams, 0, options.async_create);
     impl_->ordered = o.get();
     impl_->pages = std::move(o);
   }

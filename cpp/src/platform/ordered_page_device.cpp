@@ -11,8 +11,8 @@
 namespace vramkit {
 
 ordered_page_device::ordered_page_device(std::shared_ptr<page_device> inner, std::shared_ptr<stream_ops> streams,
-                                         std::size_t low_memory)
-    : inner_(std::move(inner)), streams_(std::move(streams)) {
+                                         std::size_t low_memory, bool async_create)
+    : inner_(std::move(inner)), streams_(std::move(streams)), async_create_(async_create) {
   if (!inner_) throw invalid_argument("ordered_page_device: no page device given");
   low_memory_ = low_memory ? low_memory : std::max<std::size_t>(std::size_t{1} << 30, inner_->capacity() / 16);
   word_ = inner_->make_wait_word();  // nullptr: the host waits for the worker
@@ -34,20 +34,44 @@ ordered_page_device::~ordered_page_device() {
 
 bool ordered_page_device::at_once() const noexcept { return low_ || failed_ || worker_failed_; }
 
+page_handle ordered_page_device::real(page_handle h) {
+  if (!(h & own_bit)) return h;
+  std::lock_guard<std::mutex> l(ids_mu_);
+  auto it = real_.find(h);
+  return it == real_.end() ? 0 : it->second;
+}
+
 void ordered_page_device::run(call& c) {
   switch (c.k) {
-    case kind::map:
+    case kind::create: {
+      const page_handle r = inner_->create();
+      {
+        std::lock_guard<std::mutex> l(ids_mu_);
+        real_[c.h] = r;
+      }
+      if (!r) throw cuda_error("the device had no room for a page created ahead of its use", 2);
+      break;
+    }
+    case kind::map: {
+      for (auto& h : c.handles) h = real(h);
       inner_->map(c.va, c.handles.data(), c.count);
       break;
+    }
     case kind::map_chunk:
       inner_->map_chunk(c.va, c.h, c.count);
       break;
     case kind::unmap:
       inner_->unmap(c.va, c.count);
       break;
-    case kind::destroy:
-      inner_->destroy(c.h);
+    case kind::destroy: {
+      const page_handle r = real(c.h);
+      if (c.h & own_bit) {
+        std::lock_guard<std::mutex> l(ids_mu_);
+        real_.erase(c.h);
+      }
+      if (r) inner_->destroy(r);
       break;
+    }
   }
 }
 
@@ -85,11 +109,12 @@ void ordered_page_device::loop() {
       failure_ = "vramkit: a page call made in stream order (async_map) failed: " + err;
     }
     made_ = c.seq;
+    if (c.k == kind::create) --creating_;
     done_cv_.notify_all();
   }
 }
 
-void ordered_page_device::enqueue(call c) {
+bool ordered_page_device::ensure_worker() {
   // With mu_ held by the caller.
   if (!worker_.joinable() && !worker_failed_) {
     try {
@@ -98,7 +123,12 @@ void ordered_page_device::enqueue(call c) {
       worker_failed_ = true;
     }
   }
-  if (worker_failed_) {  // no worker: made here, in order after nothing
+  return !worker_failed_;
+}
+
+void ordered_page_device::enqueue(call c) {
+  // With mu_ held by the caller.
+  if (!ensure_worker()) {  // no worker: made here, in order after nothing
     run(c);
     ++ctr_.calls_at_once;
     return;
@@ -153,12 +183,23 @@ void ordered_page_device::order(stream_t s) {
 }
 
 page_handle ordered_page_device::create() {
+  if (async_create_) {
+    note_room();
+    std::lock_guard<std::mutex> l(mu_);
+    if (!at_once() && ensure_worker()) {
+      const page_handle id = own_bit | ++next_own_;
+      enqueue(call{kind::create, 0, 0, id, {}, 0});
+      ++ctr_.creates_queued;
+      ++creating_;
+      return id;
+    }
+  }
   page_handle h = inner_->create();
   if (!h) {  // destroys still queued may free the room
     drain();
     h = inner_->create();
   }
-  if (h) note_room();
+  if (h && !async_create_) note_room();
   return h;
 }
 
@@ -180,9 +221,10 @@ void ordered_page_device::note_room() {
     std::lock_guard<std::mutex> l(mu_);
     if (creates_++ % 16 != 0) return;
   }
-  const bool low = inner_->available() < low_memory_;
+  const std::size_t free = inner_->available();
   std::lock_guard<std::mutex> l(mu_);
-  low_ = low;
+  // Pages whose creation is queued take room the device does not show yet.
+  low_ = free < low_memory_ + creating_ * inner_->granularity();
 }
 
 void ordered_page_device::map(std::uintptr_t va, const page_handle* handles, std::size_t count) {
@@ -191,7 +233,9 @@ void ordered_page_device::map(std::uintptr_t va, const page_handle* handles, std
   if (at_once()) {
     l.unlock();
     drain();  // after the calls queued before it
-    inner_->map(va, handles, count);
+    std::vector<page_handle> hs(handles, handles + count);
+    for (auto& h : hs) h = real(h);
+    inner_->map(va, hs.data(), count);
     std::lock_guard<std::mutex> g(mu_);
     ++ctr_.calls_at_once;
     return;
@@ -240,7 +284,12 @@ void ordered_page_device::destroy(page_handle h) noexcept {
     drain();
   } catch (...) {
   }
-  inner_->destroy(h);
+  const page_handle r = real(h);
+  if (h & own_bit) {
+    std::lock_guard<std::mutex> l(ids_mu_);
+    real_.erase(h);
+  }
+  if (r) inner_->destroy(r);
 }
 
 void ordered_page_device::unreserve(std::uintptr_t va, std::size_t bytes) noexcept {

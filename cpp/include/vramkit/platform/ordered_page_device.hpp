@@ -24,6 +24,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <vector>
 
 #include "vramkit/platform/page_device.hpp"
@@ -35,7 +36,8 @@ class ordered_page_device final : public page_device {
  public:
   // What the device did, for tests and the pool's counters.
   struct counters {
-    std::uint64_t calls_queued = 0;  // calls made on the worker
+    std::uint64_t calls_queued = 0;  // calls made on the worker (creations included)
+    std::uint64_t creates_queued = 0;  // async_create: pages created on the worker
     std::uint64_t calls_at_once = 0;  // calls made on the caller (low memory, after a failure)
     std::uint64_t stream_waits = 0;  // waits queued on streams by order()
     std::uint64_t host_waits = 0;    // times the host waited for the worker (drain)
@@ -46,8 +48,11 @@ class ordered_page_device final : public page_device {
   // stream under capture (nullptr: none is). low_memory: below this many free
   // bytes on the device (inner->available(), read every 16 pages created) the
   // calls are made at once; 0 picks max(1 GiB, capacity / 16).
+  // async_create: pages are created on the worker too, while the device has
+  // room (create() then returns a handle of this device's own, which the
+  // worker's calls translate).
   ordered_page_device(std::shared_ptr<page_device> inner, std::shared_ptr<stream_ops> streams,
-                      std::size_t low_memory = 0);
+                      std::size_t low_memory = 0, bool async_create = false);
   ~ordered_page_device() override;
   ordered_page_device(const ordered_page_device&) = delete;
   ordered_page_device& operator=(const ordered_page_device&) = delete;
@@ -82,7 +87,8 @@ class ordered_page_device final : public page_device {
   const page_device& inner() const noexcept { return *inner_; }
 
  private:
-  enum class kind : std::uint8_t { map, map_chunk, unmap, destroy };
+  enum class kind : std::uint8_t { create, map, map_chunk, unmap, destroy };
+  static constexpr page_handle own_bit = page_handle{1} << 63;  // handles create() made up (async_create)
   struct call {
     kind k;
     std::uintptr_t va = 0;
@@ -92,11 +98,13 @@ class ordered_page_device final : public page_device {
     std::uint64_t seq = 0;
   };
   bool at_once() const noexcept;  // with mu_
+  bool ensure_worker();           // with mu_: false when no thread could be started
   void enqueue(call c);           // throws what the queue's growth throws
   void run(call& c);
   void loop();
   void note_room();
   void rethrow_failure();  // with mu_ not held
+  page_handle real(page_handle h);  // the inner device's handle for h (0: its creation failed)
 
   std::shared_ptr<page_device> inner_;
   std::shared_ptr<stream_ops> streams_;
@@ -110,6 +118,11 @@ class ordered_page_device final : public page_device {
   bool stop_ = false, low_ = false, failed_ = false;
   std::string failure_;  // reported once by order()/drain()
   std::size_t creates_ = 0;
+  bool async_create_ = false;
+  page_handle next_own_ = 0;
+  std::size_t creating_ = 0;  // creations queued, not yet made
+  std::mutex ids_mu_;         // real_: written by the worker, read where calls are made
+  std::unordered_map<page_handle, page_handle> real_;
   counters ctr_;
   std::thread worker_;
   bool worker_failed_ = false;  // no thread could be started: calls at once
