@@ -3,6 +3,7 @@
 // stream makes are checked on the GPU (docs/GPU-TESTS.md).
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -41,6 +42,13 @@ class gated_device : public test::forwarding_device {
     waits.push_back({s, v});
     return true;
   }
+  page_handle create() override {  // never held; recorded apart from the other calls
+    {
+      std::lock_guard<std::mutex> l(m_);
+      creators.push_back(std::this_thread::get_id());
+    }
+    return in_->create();
+  }
   void map(std::uintptr_t va, const page_handle* h, std::size_t n) override {
     hold();
     if (fail_maps) throw cuda_error("injected map failure", 1);
@@ -74,8 +82,9 @@ class gated_device : public test::forwarding_device {
     std::lock_guard<std::mutex> l(m_);
     return log_;
   }
-  std::uint32_t word() const { return *reinterpret_cast<const volatile std::uint32_t*>(&word_); }
+  std::uint32_t word() { return std::atomic_ref<std::uint32_t>(word_).load(); }
   std::vector<std::pair<stream_t, std::uint32_t>> waits;
+  std::vector<std::thread::id> creators;  // read once the calls are made
   bool fail_maps = false;
   std::size_t avail = std::size_t{1} << 40;
 
@@ -264,6 +273,7 @@ TEST(ordered_device, destruction_makes_every_call_still_queued) {
   auto h = host();
   auto g = std::make_shared<gated_device>(h, true, false);
   std::uintptr_t va = 0;
+  std::thread opener;
   {
     ordered_page_device d(g, nullptr);
     va = d.reserve(4 * 2 * MiB);
@@ -271,12 +281,12 @@ TEST(ordered_device, destruction_makes_every_call_still_queued) {
     d.map(va, &p, 1);
     d.unmap(va, 1);
     d.destroy(p);
-    std::thread opener([&] {
+    opener = std::thread([&] {
       std::this_thread::sleep_for(std::chrono::milliseconds(20));
       g->open();
     });
-    opener.detach();  // (g outlives the thread's use: it opens before d's destructor returns)
-  }
+  }  // waits for the calls, which wait for the opener
+  opener.join();
   EXPECT_EQ(g->entries().size(), 3u);
   EXPECT_EQ(h->created_bytes(), 0u);
   h->unreserve(va, 4 * 2 * MiB);
@@ -292,13 +302,14 @@ TEST(ordered_device, async_create_makes_the_pages_on_the_worker_and_maps_them_by
   EXPECT_NE(ps[0], ps[1]);
   d.map(va, ps, 2);
   d.order(4);
-  EXPECT_EQ(h->created_bytes(), 0u);  // still queued: the caller made no driver call
   ASSERT_EQ(g->waits.size(), 1u);
   EXPECT_EQ(g->waits[0].second, 3u);  // two creations and the map
   EXPECT_EQ(d.read().creates_queued, 2u);
   g->open();
   d.drain();
   EXPECT_EQ(h->created_bytes(), 2 * 2 * MiB);
+  ASSERT_EQ(g->creators.size(), 2u);
+  for (const auto& by : g->creators) EXPECT_NE(by, std::this_thread::get_id());  // the caller made no driver call
   std::memset(reinterpret_cast<void*>(va), 3, 2 * 2 * MiB);
   d.unmap(va, 2);
   d.destroy(ps[0]);

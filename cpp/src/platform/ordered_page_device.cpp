@@ -16,7 +16,7 @@ ordered_page_device::ordered_page_device(std::shared_ptr<page_device> inner, std
   if (!inner_) throw invalid_argument("ordered_page_device: no page device given");
   low_memory_ = low_memory ? low_memory : std::max<std::size_t>(std::size_t{1} << 30, inner_->capacity() / 16);
   word_ = inner_->make_wait_word();  // nullptr: the host waits for the worker
-  if (word_) *reinterpret_cast<volatile std::uint32_t*>(word_) = 0;
+  if (word_) std::atomic_ref<std::uint32_t>(*word_).store(0, std::memory_order_seq_cst);
 }
 
 ordered_page_device::~ordered_page_device() {
@@ -101,8 +101,7 @@ void ordered_page_device::loop() {
     // The number goes out after the call returned: a stream that waits for it
     // finds the page mapped. (A failed call releases its waiters too: they
     // would wait for ever; the failure is reported to the host.)
-    std::atomic_thread_fence(std::memory_order_seq_cst);
-    if (word_) *reinterpret_cast<volatile std::uint32_t*>(word_) = static_cast<std::uint32_t>(c.seq);
+    if (word_) std::atomic_ref<std::uint32_t>(*word_).store(static_cast<std::uint32_t>(c.seq), std::memory_order_seq_cst);
     l.lock();
     if (!err.empty() && !failed_) {
       failed_ = true;
