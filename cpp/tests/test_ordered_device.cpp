@@ -406,3 +406,68 @@ TEST(ordered_device, a_pool_with_async_map_keeps_its_blocks_bytes_and_orders_eac
   for (const auto& w : g->waits) EXPECT_EQ(w.first, stream_t{3});
   for (auto& b : live) pool.deallocate(b.p, b.n, 3);
 }
+
+// ---- on the GPU --------------------------------------------------------------
+#include "vramkit/platform/cuda.hpp"
+
+namespace {
+// The vmm device with every map held back on the worker: a kernel queued
+// right after the allocation reaches its pages before they are mapped unless
+// its stream waits for them (an unmapped address would be an illegal access,
+// a sticky error that fails the test).
+class slow_vmm final : public test::forwarding_device {
+ public:
+  using forwarding_device::forwarding_device;
+  void map(std::uintptr_t va, const page_handle* h, std::size_t n) override {
+    std::this_thread::sleep_for(std::chrono::milliseconds(delay_ms));
+    in_->map(va, h, n);
+  }
+  std::string name() const override { return "slow vmm"; }
+  int delay_ms = 20;
+};
+}  // namespace
+
+TEST(ordered_device_gpu, a_stream_waits_for_pages_mapped_late_and_the_host_does_not) {
+  if (cuda::device_count() == 0) GTEST_SKIP() << "needs a CUDA device: " << cuda::unavailable_reason();
+  for (bool create_too : {false, true}) {
+    auto slow = std::make_shared<slow_vmm>(cuda::make_vmm_device(0));
+    pool_options o;
+    o.async_map = true;
+    o.async_create = create_too;
+    pool_resource pool(slow, cuda::make_stream_ops(0), o);
+    const stream_t s = cuda::create_stream(0);
+    struct blk {
+      void* p;
+      std::size_t n;
+      int v;
+    };
+    std::vector<blk> live;
+    for (int i = 0; i < 12; ++i) {
+      const std::size_t n = (8 + 5 * i) * MiB + 4096 * i;
+      void* p = pool.allocate(n, s);
+      cuda::memset_async(p, 16 + i, n, s);  // queued behind the wait for its pages
+      live.push_back({p, n, 16 + i});
+      if (i % 3 == 2) {  // frees on the stream: later blocks move their pages
+        pool.deallocate(live.front().p, live.front().n, s);
+        live.erase(live.begin());
+      }
+    }
+    cuda::synchronize_stream(s);
+    for (const blk& b : live) {
+      for (std::size_t off : {std::size_t{0}, b.n / 2, b.n - 1}) {
+        unsigned char c = 0;
+        cuda::copy_to_host(&c, static_cast<unsigned char*>(b.p) + off, 1);
+        EXPECT_EQ(c, b.v) << "async_create " << create_too << ", block of " << b.n << " bytes, offset " << off;
+      }
+    }
+    const pool_counters c = pool.counters();
+    EXPECT_GT(c.async_calls, 0u);
+    EXPECT_GT(c.async_stream_waits, 0u) << "the driver refused the stream waits";
+    EXPECT_EQ(c.async_host_waits, 0u);
+    for (const blk& b : live) pool.deallocate(b.p, b.n, s);
+    cuda::synchronize_stream(s);
+    pool.release_cached();
+    EXPECT_EQ(pool.state().reserved_bytes, 0u);
+    cuda::destroy_stream(s);
+  }
+}
