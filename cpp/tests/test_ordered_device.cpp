@@ -208,29 +208,40 @@ TEST(ordered_device, a_stream_under_capture_and_a_device_without_stream_waits_ge
   }
 }
 
-TEST(ordered_device, a_call_failed_on_the_worker_is_reported_once_and_later_calls_are_made_at_once) {
+TEST(ordered_device, only_maps_and_creations_are_waited_for) {
   auto g = std::make_shared<gated_device>(host(), true);
   ordered_page_device d(g, nullptr);
   const std::uintptr_t va = d.reserve(4 * 2 * MiB);
   page_handle p = d.create();
-  g->fail_maps = true;
-  d.map(va, &p, 1);  // queued: it fails on the worker
-  try {
-    d.drain();
-    FAIL() << "no error";
-  } catch (const cuda_error& e) {
-    EXPECT_NE(std::string(e.what()).find("injected map failure"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("async_map"), std::string::npos) << e.what();
-  }
-  EXPECT_NO_THROW(d.drain());  // reported once
-  EXPECT_THROW(d.map(va, &p, 1), cuda_error);  // made at once now: the caller sees its own failure
-  g->fail_maps = false;
   d.map(va, &p, 1);
-  EXPECT_EQ(d.read().calls_at_once, 1u);
-  std::memset(reinterpret_cast<void*>(va), 2, 2 * MiB);
-  d.unmap(va, 1);
+  d.drain();
+  g->close();
+  d.unmap(va, 1);  // held on the worker: no block handed out needs it
   d.destroy(p);
+  d.order(2);
+  EXPECT_TRUE(g->waits.empty());
+  EXPECT_EQ(d.read().host_waits, 1u);  // the drain above only
+  g->open();
+  d.drain();
+  EXPECT_EQ(g->created_bytes(), 0u);
   d.unreserve(va, 4 * 2 * MiB);
+}
+
+// A mapping the worker cannot make ends the process with a message: the block
+// it was for has been handed out, and its stream's wait is for it.
+TEST(ordered_device_death, a_map_that_fails_on_the_worker_stops_the_process_with_a_message) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        auto g = std::make_shared<gated_device>(host(), true);
+        ordered_page_device d(g, nullptr);
+        const std::uintptr_t va = d.reserve(4 * 2 * MiB);
+        page_handle p = d.create();
+        g->fail_maps = true;
+        d.map(va, &p, 1);
+        d.drain();
+      },
+      "async_map: mapping pages failed on the worker thread \\(injected map failure\\)");
 }
 
 TEST(ordered_device, low_free_memory_makes_the_calls_at_once) {
@@ -319,32 +330,29 @@ TEST(ordered_device, async_create_makes_the_pages_on_the_worker_and_maps_them_by
   d.unreserve(va, 4 * 2 * MiB);
 }
 
-TEST(ordered_device, async_create_creates_at_once_when_memory_is_low_and_reports_a_failed_creation) {
-  {
-    auto g = std::make_shared<gated_device>(host(), true);
-    g->avail = 100 * MiB;
-    ordered_page_device d(g, nullptr, 512 * MiB, true);
-    page_handle p = d.create();
-    EXPECT_EQ(d.read().creates_queued, 0u);
-    EXPECT_EQ(g->created_bytes(), 2 * MiB);  // the device's own handle, made here
-    d.destroy(p);
-    d.drain();
-  }
-  {
-    auto g = std::make_shared<gated_device>(host(1), true);  // room for one page, though it claims more
-    ordered_page_device d(g, nullptr, 1, true);
-    page_handle a = d.create(), b = d.create();
-    try {
-      d.drain();
-      FAIL() << "no error";
-    } catch (const cuda_error& e) {
-      EXPECT_NE(std::string(e.what()).find("no room"), std::string::npos) << e.what();
-    }
-    d.destroy(a);
-    d.destroy(b);  // its creation failed: nothing to destroy
-    d.drain();
-    EXPECT_EQ(g->created_bytes(), 0u);
-  }
+TEST(ordered_device, async_create_creates_at_once_when_memory_is_low) {
+  auto g = std::make_shared<gated_device>(host(), true);
+  g->avail = 100 * MiB;
+  ordered_page_device d(g, nullptr, 512 * MiB, true);
+  page_handle p = d.create();
+  EXPECT_EQ(d.read().creates_queued, 0u);
+  EXPECT_EQ(g->created_bytes(), 2 * MiB);  // the device's own handle, made here
+  d.destroy(p);
+  d.drain();
+  EXPECT_EQ(g->created_bytes(), 0u);
+}
+
+TEST(ordered_device_death, a_creation_that_fails_on_the_worker_stops_the_process_with_a_message) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_DEATH(
+      {
+        auto g = std::make_shared<gated_device>(host(1), true);  // room for one page, though it claims more
+        ordered_page_device d(g, nullptr, 1, true);
+        d.create();
+        d.create();
+        d.drain();
+      },
+      "async_map: creating a page failed on the worker thread \\(the device had no room");
 }
 
 TEST(ordered_device, a_pool_with_async_map_keeps_its_blocks_bytes_and_orders_each_allocation) {
@@ -423,6 +431,8 @@ class slow_vmm final : public test::forwarding_device {
     in_->map(va, h, n);
   }
   std::string name() const override { return "slow vmm"; }
+  void attach_thread() override { in_->attach_thread(); }
+  std::size_t available() const noexcept override { return in_->available(); }
   int delay_ms = 20;
 };
 }  // namespace
@@ -435,6 +445,9 @@ TEST(ordered_device_gpu, a_stream_waits_for_pages_mapped_late_and_the_host_does_
     o.async_map = true;
     o.async_create = create_too;
     pool_resource pool(slow, cuda::make_stream_ops(0), o);
+    // A second pool over the same device (as a graph's pool shares the main pool's): its own
+    // worker, its own word; its waits must not stand for the first pool's, nor the other way.
+    pool_resource other(slow, cuda::make_stream_ops(0), o);
     const stream_t s = cuda::create_stream(0);
     struct blk {
       void* p;
@@ -447,6 +460,9 @@ TEST(ordered_device_gpu, a_stream_waits_for_pages_mapped_late_and_the_host_does_
       void* p = pool.allocate(n, s);
       cuda::memset_async(p, 16 + i, n, s);  // queued behind the wait for its pages
       live.push_back({p, n, 16 + i});
+      void* q = other.allocate(n / 2, s);  // more calls on the other worker, between the first's
+      cuda::memset_async(q, 1, n / 2, s);
+      other.deallocate(q, n / 2, s);
       if (i % 3 == 2) {  // frees on the stream: later blocks move their pages
         pool.deallocate(live.front().p, live.front().n, s);
         live.erase(live.begin());
@@ -467,7 +483,9 @@ TEST(ordered_device_gpu, a_stream_waits_for_pages_mapped_late_and_the_host_does_
     for (const blk& b : live) pool.deallocate(b.p, b.n, s);
     cuda::synchronize_stream(s);
     pool.release_cached();
+    other.release_cached();
     EXPECT_EQ(pool.state().reserved_bytes, 0u);
+    EXPECT_GT(other.counters().async_stream_waits, 0u);
     cuda::destroy_stream(s);
   }
 }

@@ -273,7 +273,10 @@ free_status pool_resource::try_deallocate(void* p, std::size_t bytes, stream_t s
   return impl_->deallocate(p, bytes, stream);
 }
 void pool_resource::record_stream(void* p, stream_t s) { impl_->record_stream(p, s); }
-void pool_resource::release_cached() { impl_->release_cached(); }
+void pool_resource::release_cached() {
+  impl_->release_cached();
+  if (impl_->ordered) impl_->ordered->drain();  // async_map: the memory is back with the driver on return
+}
 void pool_resource::reset_peaks() {
   std::lock_guard<std::mutex> lk(impl_->mu);
   impl_->peak_live = impl_->live_bytes;
@@ -317,14 +320,18 @@ const pool_options& pool_resource::options() const noexcept { return impl_->opt;
 bool pool_resource::paged() const noexcept { return !impl_->upstream; }
 std::size_t pool_resource::page_size() const noexcept { return impl_->page; }
 void pool_resource::set_reserve_limit(std::size_t bytes) {
-  std::lock_guard<std::mutex> lk(impl_->mu);
-  if (bytes > impl_->capacity)
-    throw invalid_argument("reserve limit " + format_bytes(bytes) + " is above the device capacity " +
-                           format_bytes(impl_->capacity));
-  impl_->limit = bytes ? bytes : impl_->capacity;
-  // Cached memory over the new limit goes back now; live memory stays (later
-  // growth is refused until usage is under the limit).
-  if (impl_->reserved > impl_->limit) impl_->trim_to(impl_->limit > impl_->live_bytes ? impl_->limit - impl_->live_bytes : 0);
+  {
+    std::lock_guard<std::mutex> lk(impl_->mu);
+    if (bytes > impl_->capacity)
+      throw invalid_argument("reserve limit " + format_bytes(bytes) + " is above the device capacity " +
+                             format_bytes(impl_->capacity));
+    impl_->limit = bytes ? bytes : impl_->capacity;
+    // Cached memory over the new limit goes back now; live memory stays (later
+    // growth is refused until usage is under the limit).
+    if (impl_->reserved > impl_->limit)
+      impl_->trim_to(impl_->limit > impl_->live_bytes ? impl_->limit - impl_->live_bytes : 0);
+  }
+  if (impl_->ordered) impl_->ordered->drain();  // async_map: given back on return
 }
 std::vector<segment_info> pool_resource::segments() const { return impl_->segments(); }
 void pool_resource::check_invariants() const { impl_->check(); }

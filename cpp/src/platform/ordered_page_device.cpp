@@ -4,6 +4,8 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
+#include <cstdlib>
 #include <utility>
 
 #include "../detail/helper_thread.hpp"
@@ -29,10 +31,23 @@ ordered_page_device::~ordered_page_device() {
   // Nothing may be left: calls queued when no worker runs are made here.
   for (call& c : queue_) run(c);
   queue_.clear();
-  if (word_) inner_->free_wait_word(word_);
+  // A stream may still hold a wait on the word behind work it has not reached:
+  // the word is given back only where no wait was ever queued (64 bytes).
+  if (word_ && ctr_.stream_waits == 0) inner_->free_wait_word(word_);
 }
 
-bool ordered_page_device::at_once() const noexcept { return low_ || failed_ || worker_failed_; }
+// A call the worker could not make: memory already handed out would be used
+// unmapped (its stream's wait is for this call), so nothing the pool hands out
+// is sound any more.
+[[noreturn]] void ordered_page_device::fatal(const char* what, const std::string& why) noexcept {
+  std::fprintf(stderr,
+               "vramkit: async_map: %s failed on the worker thread (%s); memory already handed out depends "
+               "on it; stopping (the pool without async_map reports such a failure to the allocation)\n",
+               what, why.c_str());
+  std::abort();
+}
+
+bool ordered_page_device::at_once() const noexcept { return low_ || worker_failed_; }
 
 page_handle ordered_page_device::real(page_handle h) {
   if (!(h & own_bit)) return h;
@@ -45,11 +60,10 @@ void ordered_page_device::run(call& c) {
   switch (c.k) {
     case kind::create: {
       const page_handle r = inner_->create();
-      {
-        std::lock_guard<std::mutex> l(ids_mu_);
-        real_[c.h] = r;
-      }
-      if (!r) throw cuda_error("the device had no room for a page created ahead of its use", 2);
+      if (!r) throw cuda_error("the device had no room for the page", 2);
+      if (r & own_bit) throw cuda_error("the driver's handle uses the bit async_create marks its own with", 3);
+      std::lock_guard<std::mutex> l(ids_mu_);
+      real_[c.h] = r;
       break;
     }
     case kind::map: {
@@ -78,10 +92,8 @@ void ordered_page_device::run(call& c) {
 void ordered_page_device::loop() {
   try {
     inner_->attach_thread();
-  } catch (...) {
-    std::lock_guard<std::mutex> l(mu_);
-    failed_ = true;
-    failure_ = "vramkit: async_map's worker thread could not use the device";
+  } catch (const std::exception& e) {
+    fatal("making the device current", e.what());
   }
   std::unique_lock<std::mutex> l(mu_);
   for (;;) {
@@ -90,23 +102,15 @@ void ordered_page_device::loop() {
     call c = std::move(queue_.front());
     queue_.pop_front();
     l.unlock();
-    std::string err;
     try {
-      run(c);
+      run(c);  // (unmap and destroy do not throw)
     } catch (const std::exception& e) {
-      err = e.what();
-    } catch (...) {
-      err = "unknown error";
+      fatal(c.k == kind::create ? "creating a page" : "mapping pages", e.what());
     }
     // The number goes out after the call returned: a stream that waits for it
-    // finds the page mapped. (A failed call releases its waiters too: they
-    // would wait for ever; the failure is reported to the host.)
+    // finds the page mapped.
     if (word_) std::atomic_ref<std::uint32_t>(*word_).store(static_cast<std::uint32_t>(c.seq), std::memory_order_seq_cst);
     l.lock();
-    if (!err.empty() && !failed_) {
-      failed_ = true;
-      failure_ = "vramkit: a page call made in stream order (async_map) failed: " + err;
-    }
     made_ = c.seq;
     if (c.k == kind::create) --creating_;
     done_cv_.notify_all();
@@ -132,53 +136,50 @@ void ordered_page_device::enqueue(call c) {
     ++ctr_.calls_at_once;
     return;
   }
-  c.seq = ++queued_;
-  queue_.push_back(std::move(c));
+  const std::uint64_t seq = queued_ + 1;
+  const bool needed = c.k == kind::create || c.k == kind::map || c.k == kind::map_chunk;
+  c.seq = seq;
+  queue_.push_back(std::move(c));  // (may throw: nothing counted yet)
+  queued_ = seq;
+  if (needed) needed_ = seq;  // what an allocation must wait for; unmaps and destroys need no wait
   ++ctr_.calls_queued;
   work_cv_.notify_one();
 }
 
-void ordered_page_device::rethrow_failure() {
-  std::string f;
-  {
-    std::lock_guard<std::mutex> l(mu_);
-    if (failure_.empty()) return;
-    f = std::move(failure_);
-    failure_.clear();
-  }
-  throw cuda_error(f, 1);
+void ordered_page_device::wait_for(std::uint64_t want) {
+  std::unique_lock<std::mutex> l(mu_);
+  if (made_ >= want) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  done_cv_.wait(l, [&] { return made_ >= want; });
+  ++ctr_.host_waits;
+  ctr_.host_wait_ns += static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
 }
 
 void ordered_page_device::drain() {
+  std::uint64_t want;
   {
-    std::unique_lock<std::mutex> l(mu_);
-    if (made_ < queued_) {
-      const auto t0 = std::chrono::steady_clock::now();
-      const std::uint64_t want = queued_;
-      done_cv_.wait(l, [&] { return made_ >= want; });
-      ++ctr_.host_waits;
-      ctr_.host_wait_ns += static_cast<std::uint64_t>(
-          std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now() - t0).count());
-    }
+    std::lock_guard<std::mutex> l(mu_);
+    want = queued_;
   }
-  rethrow_failure();
+  wait_for(want);
 }
 
 void ordered_page_device::order(stream_t s) {
   std::uint64_t want;
   {
     std::lock_guard<std::mutex> l(mu_);
-    want = queued_;
-    if (made_ >= want && failure_.empty()) return;  // the common case: nothing outstanding
+    want = needed_;
+    if (made_ >= want) return;  // the common case: every page handed out is mapped
   }
   // A stream under capture would put the wait into its graph: the host waits.
   if (word_ && !(streams_ && streams_->capturing(s)) &&
       inner_->queue_wait(s, word_, static_cast<std::uint32_t>(want))) {
     std::lock_guard<std::mutex> l(mu_);
     ++ctr_.stream_waits;
-    if (failure_.empty()) return;
+    return;
   }
-  drain();
+  wait_for(want);
 }
 
 page_handle ordered_page_device::create() {
@@ -197,6 +198,10 @@ page_handle ordered_page_device::create() {
   if (!h) {  // destroys still queued may free the room
     drain();
     h = inner_->create();
+  }
+  if (h && async_create_ && (h & own_bit)) {  // it would read as one of this device's own
+    inner_->destroy(h);
+    throw cuda_error("vramkit: async_create: the driver's page handle uses the bit that marks this device's own", 3);
   }
   if (h && !async_create_) note_room();
   return h;

@@ -10,12 +10,15 @@
 // the kernels that use the pages. Pages are still created on the calling
 // thread, so running out of memory is found where it always was.
 //
-// The host waits for the worker instead (drain) where a stream cannot wait: a
-// device without stream waits (the host device), a stream being captured into
-// a CUDA graph, and, once the device's free memory runs low, every call (a
-// mapping can then fail, and a failure must reach the caller that made it).
-// A call that fails on the worker all the same is reported by the next
-// order() or drain(), and the device makes its calls at once from then on.
+// The host waits for the worker instead where a stream cannot wait: a device
+// without stream waits (the host device) and a stream being captured into a
+// CUDA graph. Once the device's free memory runs low, the calls are made at
+// once again (a mapping can then fail, and a failure must reach the caller
+// that made it). A map or a creation that fails on the worker all the same
+// ends the process with a message: a block handed out depends on it, and its
+// stream's wait is for it. Only maps and creations are waited for: unmaps and
+// destroys run later than the pool made them, which nothing needs sooner
+// (drain() waits for them: the pool's copies, release_cached, teardown).
 #pragma once
 #include <condition_variable>
 #include <cstdint>
@@ -80,8 +83,7 @@ class ordered_page_device final : public page_device {
   device_properties properties() const override { return inner_->properties(); }
   void order(stream_t s) override;
 
-  // Waits until every call queued so far is made; throws cuda_error for a
-  // call that failed on the worker (once).
+  // Waits until every call queued so far is made.
   void drain();
   counters read() const;
   const page_device& inner() const noexcept { return *inner_; }
@@ -103,7 +105,8 @@ class ordered_page_device final : public page_device {
   void run(call& c);
   void loop();
   void note_room();
-  void rethrow_failure();  // with mu_ not held
+  void wait_for(std::uint64_t seq);  // with mu_ not held: until call seq is made
+  [[noreturn]] static void fatal(const char* what, const std::string& why) noexcept;
   page_handle real(page_handle h);  // the inner device's handle for h (0: its creation failed)
 
   std::shared_ptr<page_device> inner_;
@@ -115,8 +118,8 @@ class ordered_page_device final : public page_device {
   std::condition_variable work_cv_, done_cv_;
   std::deque<call> queue_;
   std::uint64_t queued_ = 0, made_ = 0;  // numbers of the last call queued / made
-  bool stop_ = false, low_ = false, failed_ = false;
-  std::string failure_;  // reported once by order()/drain()
+  std::uint64_t needed_ = 0;  // number of the last map or creation queued: what allocations wait for
+  bool stop_ = false, low_ = false;
   std::size_t creates_ = 0;
   bool async_create_ = false;
   page_handle next_own_ = 0;

@@ -251,6 +251,8 @@ class vmm_device final : public page_device {
     VK_CUDA(cudaSetDevice(device_));
     relax_capture_mode();
   }
+  // async_map's word: pinned host memory that this device's streams can read
+  // at the same address (unified addressing). Each ordered device has its own.
   std::uint32_t* make_wait_word() override {
     if (!driver().wait_value32) return nullptr;
     device_guard g(device_);
@@ -259,26 +261,27 @@ class vmm_device final : public page_device {
       cudaGetLastError();
       return nullptr;
     }
-    void* d = nullptr;  // the same address under unified addressing; asked all the same
-    if (cudaHostGetDevicePointer(&d, p, 0) != cudaSuccess) {
+    void* d = nullptr;
+    if (cudaHostGetDevicePointer(&d, p, 0) != cudaSuccess || d != p) {  // no unified address: no waits
       cudaGetLastError();
       cudaFreeHost(p);
       return nullptr;
     }
-    wait_dev_ = reinterpret_cast<CUdeviceptr>(d);
     return static_cast<std::uint32_t*>(p);
   }
   void free_wait_word(std::uint32_t* w) noexcept override {
     if (w && cudaFreeHost(w) != cudaSuccess) cudaGetLastError();  // (at exit the driver may be gone)
   }
-  bool queue_wait(stream_t s, std::uint32_t* /*word*/, std::uint32_t value) override {
-    if (!wait_dev_ || waits_refused_.load(std::memory_order_relaxed)) return false;
-    const CUresult r = driver().wait_value32(reinterpret_cast<CUstream>(s), wait_dev_, value, CU_STREAM_WAIT_VALUE_GEQ);
-    if (r != CUDA_SUCCESS) {
-      waits_refused_.store(true, std::memory_order_relaxed);  // the host waits from now on
-      return false;
-    }
-    return true;
+  // A wait on stream s (of this device: the legacy stream 0 is the current
+  // context's) until the word reaches value. False where the driver refuses:
+  // the caller waits on the host; a driver without the call is not asked again.
+  bool queue_wait(stream_t s, std::uint32_t* word, std::uint32_t value) override {
+    if (!word || waits_refused_.load(std::memory_order_relaxed)) return false;
+    device_guard g(device_);
+    const CUresult r = driver().wait_value32(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(word),
+                                             value, CU_STREAM_WAIT_VALUE_GEQ);
+    if (r == CUDA_ERROR_NOT_SUPPORTED) waits_refused_.store(true, std::memory_order_relaxed);
+    return r == CUDA_SUCCESS;
   }
   void synchronize() override { synchronize_device(device_); }
   bool copies() const noexcept override { return true; }
@@ -303,8 +306,7 @@ class vmm_device final : public page_device {
   std::atomic<std::size_t> chunks_live_{0};  // chunks_.size(): page destroys skip the lock while 0
   CUmemAllocationProp prop_{};
   std::vector<CUmemAccessDesc> access_;
-  CUdeviceptr wait_dev_ = 0;                // async_map's word, as the device sees it
-  std::atomic<bool> waits_refused_{false};  // the driver refused a stream wait
+  std::atomic<bool> waits_refused_{false};  // the driver does not support stream waits
 };
 
 // ---- plain resources -----------------------------------------------------------
