@@ -75,8 +75,9 @@ struct pool_options {
   // async_map, and the pages created on the worker too while the device has
   // room (its free memory over max(1 GiB, 1/16 of it) plus the pages queued):
   // the allocating thread then makes no driver call for a new page at all.
-  // A creation that fails on the worker all the same cannot be reported to
-  // the allocation it served.
+  // A creation that fails on the worker all the same (another process took
+  // the room) ends the process with a message, as a failed mapping does: the
+  // block it was for has been handed out.
   bool async_create = false;
   // Bulk growth in chunks: where the large arena grows under one block, the
   // pool creates physical memory in handles of chunk_size bytes (a multiple
