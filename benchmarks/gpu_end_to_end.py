@@ -467,9 +467,6 @@ def main(argv=None) -> int:
                     + ("-" if warm is None else f"{warm:.2f}") + " / " + ("-" if total is None else f"{total:.0f}"))
             if r.get("cold_ms") and r.get("warm_ms"):
                 line += f"   (steps: cold {r['cold_ms']:.0f} ms, warm {r['warm_ms']:.1f} ms)"
-            if r.get("async_stream_waits"):  # async_map: the calls ran on the worker
-                line += (f"; on the worker: {r['async_stream_waits']:.0f} stream waits, the host waited "
-                         f"{r.get('async_host_wait_ms') or 0:.1f} ms")
             print(line)
     noise = report.noise_text(doc["summary"])
     if noise:  # how often the warm test fails an allocator against two of equal speed

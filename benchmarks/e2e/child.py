@@ -105,8 +105,7 @@ PAGE_OP_KEYS = ("pages_created", "pages_mapped", "pages_unmapped", "map_calls", 
                 "mappings_reused", "pages_destroyed", "pages_made_ahead", "pages_ahead_used",
                 "pages_taken_early", "early_waits", "plans_made", "plans_dropped", "plans_skipped", "plan_placed",
                 "plan_missed",
-                "page_create_ns", "page_map_ns", "page_unmap_ns", "page_destroy_ns", "gpu_wait_ns",
-                "async_calls", "async_stream_waits", "async_host_waits", "async_host_wait_ns")
+                "page_create_ns", "page_map_ns", "page_unmap_ns", "page_destroy_ns", "gpu_wait_ns")
 
 
 def _page_op_reader(alloc: str):

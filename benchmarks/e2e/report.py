@@ -279,11 +279,6 @@ def summarize(runs: list[dict], workloads: list[str], allocators: list[str]) -> 
             row["page_calls_cold_ms"] = _median_or_none([c[0] for c in calls])
             row["page_calls_warm_ms"] = _median_or_none([c[1] for c in calls])
             row["page_calls_warm_sum_ms"] = _median_or_none([page_call_warm_sum_ms(r) for r in good])
-            # async_map: the times the host still waited for the worker, and the waits queued on streams
-            row["async_host_wait_ms"] = _median_or_none([sum(x) for x in (
-                _page_call_ms_per_step(r, ("async_host_wait_ns",)) for r in good) if x is not None])
-            row["async_stream_waits"] = _median_or_none([round(sum(x) * 1e6) for x in (
-                _page_call_ms_per_step(r, ("async_stream_waits",)) for r in good) if x is not None])
             waits = [gpu_wait_ms(r) for r in good]
             row["gpu_wait_cold_ms"] = _median_or_none([x[0] for x in waits])
             row["gpu_wait_warm_ms"] = _median_or_none([x[1] for x in waits])

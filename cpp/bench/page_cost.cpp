@@ -15,13 +15,7 @@
 // phase: whether the driver's calls run side by side, which decides whether
 // pages made ahead on a helper thread could keep up with a step's growth.
 //
-// --ordered also makes the pages through async_map's ordered device (and with
-// async_create): the allocating thread's time per page (create, map, and a
-// wait queued on a stream for it) against the time until the worker has made
-// them all. On the host device streams cannot wait, so the caller waits.
-//
 //   page_cost [--device host|vmm] [--pages N] [--repeat R] [--threads T,...] [--sizes MiB,...] [--total MiB]
-//             [--ordered]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -34,7 +28,6 @@
 
 #include "vramkit/platform/cuda.hpp"
 #include "vramkit/platform/host_page_device.hpp"
-#include "vramkit/platform/ordered_page_device.hpp"
 
 using clk = std::chrono::steady_clock;
 
@@ -47,11 +40,9 @@ int main(int argc, char** argv) {
   std::size_t n = 256, repeat = 5;
   std::vector<std::size_t> threads, sizes;
   std::size_t total_mib = 2048;
-  bool ordered = false;
   for (int i = 1; i < argc; ++i) {
     std::string a = argv[i];
     if (a == "--device" && i + 1 < argc) kind = argv[++i];
-    else if (a == "--ordered") ordered = true;
     else if (a == "--pages" && i + 1 < argc) n = std::strtoull(argv[++i], nullptr, 10);
     else if (a == "--repeat" && i + 1 < argc) repeat = std::strtoull(argv[++i], nullptr, 10);
     else if (a == "--total" && i + 1 < argc) total_mib = std::strtoull(argv[++i], nullptr, 10);
@@ -78,7 +69,7 @@ int main(int argc, char** argv) {
         p = *end == ',' ? end + 1 : end;
       }
     } else {
-      std::fprintf(stderr, "usage: page_cost [--device host|vmm] [--pages N] [--repeat R] [--threads T,...] [--sizes MiB,...] [--total MiB] [--ordered]\n");
+      std::fprintf(stderr, "usage: page_cost [--device host|vmm] [--pages N] [--repeat R] [--threads T,...] [--sizes MiB,...] [--total MiB]\n");
       return 2;
     }
   }
@@ -159,44 +150,6 @@ int main(int argc, char** argv) {
     }
   }
   dev->unreserve(va, n * g);
-  if (ordered) {
-    // The allocating thread's time per page through the ordered device, and the time until the
-    // worker has made every call (the stream synchronized on the GPU; a drain on the host).
-    const bool gpu = kind == "vmm";
-    std::shared_ptr<vramkit::stream_ops> so = gpu ? vramkit::cuda::make_stream_ops(0) : nullptr;
-    const vramkit::stream_t s = gpu ? vramkit::cuda::create_stream(0) : 0;
-    std::printf("\nIn stream order (async_map), best of %zu: us per page\n\n"
-                "| pages made by | caller: create + map + stream wait | until all made | stream waits | host waits |\n"
-                "|---|---|---|---|---|\n", repeat);
-    for (bool create_too : {false, true}) {
-      auto od = std::make_shared<vramkit::ordered_page_device>(dev, so, 0, create_too);
-      std::uintptr_t va2 = od->reserve(n * g);
-      double caller = 1e300, done = 1e300;
-      for (std::size_t r = 0; r < repeat; ++r) {
-        auto t0 = clk::now();
-        for (std::size_t i = 0; i < n; ++i) {
-          h[i] = od->create();
-          od->map(va2 + i * g, &h[i], 1);
-          od->order(s);
-        }
-        caller = std::min(caller, us_since(t0, n));
-        if (gpu)
-          vramkit::cuda::synchronize_stream(s);
-        od->drain();
-        done = std::min(done, us_since(t0, n));
-        for (std::size_t i = 0; i < n; ++i) {
-          od->unmap(va2 + i * g, 1);
-          od->destroy(h[i]);
-        }
-        od->drain();
-      }
-      od->unreserve(va2, n * g);
-      const auto c = od->read();
-      std::printf("| %s | %.2f | %.2f | %llu | %llu |\n", create_too ? "async_create" : "async_map", caller, done,
-                  static_cast<unsigned long long>(c.stream_waits), static_cast<unsigned long long>(c.host_waits));
-    }
-    if (gpu) vramkit::cuda::destroy_stream(s);
-  }
   if (!sizes.empty()) {
     std::shared_ptr<vramkit::device_resource> cm;
     try {

@@ -52,10 +52,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
   o.split_chunks = !(size > 1 && (data[size - 1] & 16));
   o.fit_address = size > 1 && (data[size - 1] & 4);  // fit:address from its third bit
   o.plan_needs_moves = size > 1 && (data[size - 1] & 32);  // plans only once the steps moved pages
-  // async_map from the last byte's seventh bit, async_create with its eighth: the page calls on the
-  // worker thread (the host device's streams cannot wait: each allocation waits for them).
-  o.async_map = size > 1 && (data[size - 1] & 64);
-  o.async_create = size > 1 && (data[size - 1] & 128);
   pool_resource pool(dev, gpu, o);
   struct live { std::uint8_t* p; std::size_t n; stream_t s; std::uint8_t tag; };
   std::vector<live> v;

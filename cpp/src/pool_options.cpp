@@ -131,8 +131,6 @@ void pool_options::parse(const std::string& conf) {
       else if (k == "growth_slack") o.growth_slack = parse_real(k, v);
       else if (k == "va_factor") o.va_factor = parse_real(k, v);
       else if (k == "map_ahead") o.map_ahead = size();
-      else if (k == "async_map") o.async_map = parse_bool(k, v);
-      else if (k == "async_create") o.async_create = parse_bool(k, v);
       else if (k == "chunk_size") o.chunk_size = size();
       else if (k == "chunk_min_size") o.chunk_min_size = size();
       else if (k == "growth_chunks") o.growth_chunks = parse_bool(k, v);
@@ -166,7 +164,7 @@ void pool_options::parse(const std::string& conf) {
                                "' (known: alignment, page_size, small_threshold, small_segment, large_rounding, "
                                "reserve_limit, release_threshold, growth_slack, remap, wait_to_remap, keep_mappings, remap_own, "
                                "remap_own_slack, "
-                               "map_ahead, async_map, async_create, chunk_size, chunk_min_size, growth_chunks, split_chunks, plan_steps, plan_moves_grow, plan_needs_moves, fit, va_factor)");
+                               "map_ahead, chunk_size, chunk_min_size, growth_chunks, split_chunks, plan_steps, plan_moves_grow, plan_needs_moves, fit, va_factor)");
     } catch (const invalid_argument&) {
       throw;
     } catch (const std::exception&) {
@@ -202,8 +200,7 @@ std::string pool_options::to_string() const {
   s += ",growth_slack:" + format_fixed(growth_slack, 4) + ",remap:" + (remap ? "true" : "false") +
        ",wait_to_remap:" + (wait_to_remap ? "true" : "false") + ",keep_mappings:" + (keep_mappings ? "true" : "false") +
        ",remap_own:" + (remap_own ? "true" : "false") + ",remap_own_slack:" + format_fixed(remap_own_slack, 4) +
-       ",map_ahead:" + to_string(map_ahead) + ",async_map:" + (async_map ? "true" : "false") +
-       ",async_create:" + (async_create ? "true" : "false") + ",chunk_size:" + to_string(chunk_size) +
+       ",map_ahead:" + to_string(map_ahead) + ",chunk_size:" + to_string(chunk_size) +
        ",chunk_min_size:" + to_string(chunk_min_size) + ",growth_chunks:" + (growth_chunks ? "true" : "false") +
        ",split_chunks:" + (split_chunks ? "true" : "false") + ",plan_steps:" + (plan_steps ? "true" : "false") +
        ",plan_moves_grow:" + (plan_moves_grow ? "true" : "false") +

@@ -32,9 +32,6 @@ class forwarding_device : public page_device {
   int device() const noexcept override { return 0; }
   device_properties properties() const override { return in_->properties(); }
   page_call_times call_times() const noexcept override { return in_->call_times(); }
-  std::uint32_t* make_wait_word() override { return in_->make_wait_word(); }
-  void free_wait_word(std::uint32_t* w) noexcept override { in_->free_wait_word(w); }
-  bool queue_wait(stream_t s, std::uint32_t* w, std::uint32_t v) override { return in_->queue_wait(s, w, v); }
 
  protected:
   std::shared_ptr<page_device> in_;

@@ -51,16 +51,6 @@ std::vector<factory> factories() {
                  o.map_ahead = std::size_t{64} << 20;
                  return std::make_shared<pool_resource>(host_dev(), nullptr, o);
                }});
-  f.push_back({"pool_host_async_map", false, [] {
-                 pool_options o;
-                 o.async_map = true;
-                 return std::make_shared<pool_resource>(host_dev(), nullptr, o);
-               }});
-  f.push_back({"pool_host_async_create", false, [] {
-                 pool_options o;
-                 o.async_create = true;
-                 return std::make_shared<pool_resource>(host_dev(), nullptr, o);
-               }});
   f.push_back({"pool_host_chunks", false, [] {
                  pool_options o;
                  o.chunk_size = std::size_t{16} << 20;
@@ -97,16 +87,6 @@ std::vector<factory> factories() {
   f.push_back({"pool_vmm_map_ahead", true, [] {
                  pool_options o;
                  o.map_ahead = std::size_t{64} << 20;
-                 return std::make_shared<pool_resource>(cuda::make_vmm_device(0), cuda::make_stream_ops(0), o);
-               }});
-  f.push_back({"pool_vmm_async_map", true, [] {
-                 pool_options o;
-                 o.async_map = true;
-                 return std::make_shared<pool_resource>(cuda::make_vmm_device(0), cuda::make_stream_ops(0), o);
-               }});
-  f.push_back({"pool_vmm_async_create", true, [] {
-                 pool_options o;
-                 o.async_create = true;
                  return std::make_shared<pool_resource>(cuda::make_vmm_device(0), cuda::make_stream_ops(0), o);
                }});
   f.push_back({"pool_vmm_chunks", true, [] {

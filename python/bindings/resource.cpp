@@ -141,10 +141,6 @@ void bind_resource(nb::module_& m) {
             d["page_unmap_ns"] = c.page_unmap_ns;
             d["page_destroy_ns"] = c.page_destroy_ns;
             d["gpu_wait_ns"] = c.gpu_wait_ns;
-            d["async_calls"] = c.async_calls;
-            d["async_stream_waits"] = c.async_stream_waits;
-            d["async_host_waits"] = c.async_host_waits;
-            d["async_host_wait_ns"] = c.async_host_wait_ns;
             d["page_size"] = p->page_size();
             d["paged"] = p->paged();
             d["options"] = p->options().to_string();

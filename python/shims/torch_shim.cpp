@@ -47,9 +47,6 @@ std::shared_ptr<device_resource> make_private_pool(int device, capture_router* r
   // No helper thread making pages for it (map_ahead): a capture in global
   // mode forbids mapping calls from every thread.
   o.map_ahead = 0;
-  // Its page calls at once (async_map): it allocates under capture, where the
-  // host waits for the worker anyway, and a graph's pool outlives no stream wait.
-  o.async_map = o.async_create = false;
   // No step plans: marks reach the main pool only, and a graph's pool keeps its chunks.
   o.plan_steps = false;
   o.release_threshold = static_cast<std::size_t>(-1);

@@ -284,26 +284,6 @@ def test_pool_counters_time_the_page_calls():
     assert 0 <= c1["gpu_wait_ns"] <= c2["gpu_wait_ns"] < 10**8, c2
 
 
-def test_async_map_pools_count_their_worker_calls_and_the_host_waits_on_the_host_device():
-    """async_map / async_create from Python: the page calls go to the worker thread; the host
-    device's streams cannot wait, so each allocation that made calls waits for them on the host,
-    and the memory holds bytes when allocate returns."""
-    MiB = 1 << 20
-    for conf in ("pool:async_map:true", "pool:async_create:true"):
-        r = vramkit.make_resource(conf, 0)
-        assert "async_map:true" in r.pool_counters()["options"] or "async_create:true" in r.pool_counters()["options"]
-        a = r.allocate(24 * MiB)
-        c = r.pool_counters()
-        assert c["async_calls"] >= 1 and c["async_host_waits"] >= 1 and c["async_stream_waits"] == 0, (conf, c)
-        _vramkit.copy_to_device(a + 24 * MiB - 4, b"abcd")
-        assert _vramkit.copy_to_host(a + 24 * MiB - 4, 4) == b"abcd"
-        r.deallocate(a, 24 * MiB)
-        r.release_cached()
-        assert r.state()["reserved_bytes"] == 0
-    plain = vramkit.make_resource("pool", 0).pool_counters()
-    assert plain["async_calls"] == 0 and plain["async_host_waits"] == 0
-
-
 def test_an_emulator_cannot_be_the_current_resource():
     """PyTorch's allocator emulations hand out made-up addresses (for replays): as the current
     resource, vramkit.alloc's buffers would point at no memory, so it is refused and nothing changes."""

@@ -336,23 +336,6 @@ def test_time_waiting_for_the_gpu_first_step_and_warm_median():
     assert rows["default"]["gpu_wait_cold_ms"] is None
 
 
-def test_async_map_waits_summed_over_the_run():
-    """async_map's counters per step: the waits queued on streams and the host's waits for the
-    worker (ms), summed over a run, medians over the repeats; nothing for runs without them."""
-    def ops(waits, host_ms):
-        return [{"page_map_ns": 1, "async_stream_waits": w, "async_host_wait_ns": int(h * 1e6)}
-                for w, h in zip(waits, host_ms)]
-    runs = [_run("m", "default", 10.0, 150, 200), _run("m", "vramkit", 9.9, 110, 160),
-            _run("m", "vramkit", 11.0, 132, 170, rep=1), _run("m", "vramkit", 10.0, 120, 165, rep=2)]
-    runs[1]["step_page_ops"] = ops([400, 3, 0], [0.0, 0.5, 0.0])
-    runs[2]["step_page_ops"] = ops([300, 1, 0], [2.0, 0.0, 0.0])
-    runs[3]["step_page_ops"] = [{"page_map_ns": 5}] * 3  # a pool without async_map's counters
-    rows = {r["allocator"]: r for r in report.summarize(runs, ["m"], ["default", "vramkit"])}
-    assert rows["vramkit"]["async_stream_waits"] == pytest.approx(352)
-    assert rows["vramkit"]["async_host_wait_ms"] == pytest.approx(1.25)
-    assert rows["default"]["async_stream_waits"] is None and rows["default"]["async_host_wait_ms"] is None
-
-
 def test_time_in_page_calls_over_all_warm_steps():
     """The warm steps' page-call times summed (the bursts the warm median passes over: a step
     that makes a plan, a new largest shape), medians over the repeats; nothing without figures

@@ -37,7 +37,6 @@ def child(code: str, *, env: dict | None = None, timeout: float = 300) -> dict:
 # ============================================================ (1) resource conformance on the device
 
 SPECS = ["cuda", "cuda_async", "vmm", "pool:upstream=vmm", "pool:upstream=vmm,map_ahead:64MiB",
-         "pool:upstream=vmm,async_map:true", "pool:upstream=vmm,async_create:true",
          "pool:upstream=vmm,chunk_size:16MiB", "pool:upstream=cuda",
          "pool:upstream=cuda_async"]
 SIZES = [1, 255, 256, 4097, 1 * MiB, 3 * MiB + 17, 64 * MiB, 1 * GiB]

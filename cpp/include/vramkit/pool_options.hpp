@@ -64,21 +64,6 @@ struct pool_options {
   // a 32nd of the pool's pages (at least 4), at most map_ahead bytes (0: off).
   // They count as reserved; a request elsewhere takes them before stealing.
   std::size_t map_ahead = 0;
-  // Page calls off the allocating thread, in stream order: map, unmap and
-  // destroy calls go to a worker thread that makes them in order, and an
-  // allocation whose pages are not mapped yet queues on its stream a wait for
-  // them (cuStreamWaitValue32), so the GPU waits where the host used to
-  // (ordered_page_device.hpp). Pages are still created on the allocating
-  // thread; while the device's free memory is low, or under a graph capture,
-  // the host waits as before.
-  bool async_map = false;
-  // async_map, and the pages created on the worker too while the device has
-  // room (its free memory over max(1 GiB, 1/16 of it) plus the pages queued):
-  // the allocating thread then makes no driver call for a new page at all.
-  // A creation that fails on the worker all the same (another process took
-  // the room) ends the process with a message, as a failed mapping does: the
-  // block it was for has been handed out.
-  bool async_create = false;
   // Bulk growth in chunks: where the large arena grows under one block, the
   // pool creates physical memory in handles of chunk_size bytes (a multiple
   // of the page size, at least two pages), each mapped whole at a

@@ -74,10 +74,6 @@ void* guard_adaptor::do_allocate(std::size_t bytes, stream_t stream) {
   auto base = reinterpret_cast<std::uintptr_t>(upstream_->allocate(span + 2 * redzone_, stream));
   std::uintptr_t p = base + redzone_;
   try {
-    // The guard bytes go in through the legacy stream: memory that is the
-    // allocation stream's only from a point on it (a pool with async_map maps
-    // it there) is ready once that stream has reached it.
-    if (device_memory_ && stream) cuda::synchronize_stream(stream);
     fill(base, guard_byte, redzone_);
     fill(p + bytes, guard_byte, span - bytes + redzone_);
     std::lock_guard<std::mutex> lk(mu_);

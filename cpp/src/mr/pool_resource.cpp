@@ -234,11 +234,6 @@ pool_resource::pool_resource(std::shared_ptr<page_device> pages, std::shared_ptr
   impl_->pages = std::move(pages);
   impl_->streams = streams ? std::move(streams) : std::make_shared<host_stream_ops>();
   impl_->opt = options;
-  if (options.async_map || options.async_create) {  // the page calls on a worker thread, in stream order
-    auto o = std::make_shared<ordered_page_device>(impl_->pages, impl_->streams, 0, options.async_create);
-    impl_->ordered = o.get();
-    impl_->pages = std::move(o);
-  }
   impl_->calls0 = impl_->pages->call_times();  // a device may serve pools before this one
   impl_->init_paged();
 }
@@ -255,28 +250,12 @@ pool_resource::pool_resource(std::shared_ptr<device_resource> upstream, std::sha
 
 pool_resource::~pool_resource() = default;
 
-void* pool_resource::do_allocate(std::size_t bytes, stream_t stream) {
-  void* p = impl_->allocate(bytes, stream);
-  if (impl_->ordered && p) {
-    // async_map: the stream waits for the block's pages to be mapped (outside
-    // the lock: the host may have to wait for the worker).
-    try {
-      impl_->ordered->order(stream);
-    } catch (...) {
-      impl_->deallocate(p, 0, stream);
-      throw;
-    }
-  }
-  return p;
-}
+void* pool_resource::do_allocate(std::size_t bytes, stream_t stream) { return impl_->allocate(bytes, stream); }
 free_status pool_resource::try_deallocate(void* p, std::size_t bytes, stream_t stream) noexcept {
   return impl_->deallocate(p, bytes, stream);
 }
 void pool_resource::record_stream(void* p, stream_t s) { impl_->record_stream(p, s); }
-void pool_resource::release_cached() {
-  impl_->release_cached();
-  if (impl_->ordered) impl_->ordered->drain();  // async_map: the memory is back with the driver on return
-}
+void pool_resource::release_cached() { impl_->release_cached(); }
 void pool_resource::reset_peaks() {
   std::lock_guard<std::mutex> lk(impl_->mu);
   impl_->peak_live = impl_->live_bytes;
@@ -307,31 +286,20 @@ pool_counters pool_resource::counters() const {
     c.page_unmap_ns = t.unmap_ns - t0.unmap_ns;
     c.page_destroy_ns = t.destroy_ns - t0.destroy_ns;
   }
-  if (impl_->ordered) {
-    const auto o = impl_->ordered->read();
-    c.async_calls = o.calls_queued;
-    c.async_stream_waits = o.stream_waits;
-    c.async_host_waits = o.host_waits;
-    c.async_host_wait_ns = o.host_wait_ns;
-  }
   return c;
 }
 const pool_options& pool_resource::options() const noexcept { return impl_->opt; }
 bool pool_resource::paged() const noexcept { return !impl_->upstream; }
 std::size_t pool_resource::page_size() const noexcept { return impl_->page; }
 void pool_resource::set_reserve_limit(std::size_t bytes) {
-  {
-    std::lock_guard<std::mutex> lk(impl_->mu);
-    if (bytes > impl_->capacity)
-      throw invalid_argument("reserve limit " + format_bytes(bytes) + " is above the device capacity " +
-                             format_bytes(impl_->capacity));
-    impl_->limit = bytes ? bytes : impl_->capacity;
-    // Cached memory over the new limit goes back now; live memory stays (later
-    // growth is refused until usage is under the limit).
-    if (impl_->reserved > impl_->limit)
-      impl_->trim_to(impl_->limit > impl_->live_bytes ? impl_->limit - impl_->live_bytes : 0);
-  }
-  if (impl_->ordered) impl_->ordered->drain();  // async_map: given back on return
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  if (bytes > impl_->capacity)
+    throw invalid_argument("reserve limit " + format_bytes(bytes) + " is above the device capacity " +
+                           format_bytes(impl_->capacity));
+  impl_->limit = bytes ? bytes : impl_->capacity;
+  // Cached memory over the new limit goes back now; live memory stays (later
+  // growth is refused until usage is under the limit).
+  if (impl_->reserved > impl_->limit) impl_->trim_to(impl_->limit > impl_->live_bytes ? impl_->limit - impl_->live_bytes : 0);
 }
 std::vector<segment_info> pool_resource::segments() const { return impl_->segments(); }
 void pool_resource::check_invariants() const { impl_->check(); }

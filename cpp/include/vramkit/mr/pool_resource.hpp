@@ -59,10 +59,6 @@ struct pool_counters {
   // queued work before its own free pages moved, for the whole device before
   // chunks were split and for the split's copies (split_chunks).
   std::uint64_t gpu_wait_ns = 0;
-  // async_map: page calls queued for the worker thread, waits queued on
-  // streams for them, and the times (and ns in all) the host waited for the
-  // worker instead (a capture, low memory, a device whose streams cannot wait).
-  std::uint64_t async_calls = 0, async_stream_waits = 0, async_host_waits = 0, async_host_wait_ns = 0;
 };
 
 struct block_info {

@@ -10,7 +10,6 @@
 
 #include "vramkit/error.hpp"
 #include "vramkit/platform/device_properties.hpp"
-#include "vramkit/resource.hpp"
 
 namespace vramkit {
 
@@ -102,18 +101,6 @@ class page_device {
   virtual void copy(std::uintptr_t /*dst*/, std::uintptr_t /*src*/, std::size_t /*bytes*/) {
     throw invalid_argument("this page device copies nothing");
   }
-
-  // Stream-ordered page calls (pool_options::async_map, ordered_page_device):
-  // a word of host memory that the device's streams can wait on, and a wait
-  // queued on stream `s` until (int32_t)(*word - value) >= 0. A device whose
-  // streams cannot wait returns nullptr / false (the host has no streams), and
-  // the caller then waits on the host instead.
-  virtual std::uint32_t* make_wait_word() { return nullptr; }
-  virtual void free_wait_word(std::uint32_t* /*word*/) noexcept {}
-  virtual bool queue_wait(stream_t /*s*/, std::uint32_t* /*word*/, std::uint32_t /*value*/) { return false; }
-  // Makes work queued on `s` from now on wait until the page calls made so
-  // far are done. A device that makes its calls at once has nothing to do.
-  virtual void order(stream_t /*s*/) {}
 
   // Time spent in this device's page calls so far (zeros when it does not
   // measure them).

@@ -10,14 +10,42 @@
 // The helper holds the pool's lock only to claim a batch (its pages count as
 // reserved from then on) and to publish it (apply_ahead); it makes the calls
 // without it. A placement over a batch still being made waits for it.
+#include <pthread.h>
+
 #include <algorithm>
+#include <csignal>
 #include <limits>
 #include <vector>
 
-#include "../../detail/helper_thread.hpp"
 #include "pool_impl.hpp"
 
 namespace vramkit {
+
+namespace {
+// Starts the helper with every asynchronous signal blocked in it (a thread
+// inherits its creator's mask, so the caller's is blocked around the start and
+// restored): a process-directed SIGTERM or SIGINT then goes to a thread that
+// handles it. Python runs its handlers only in the main thread, and one that
+// the kernel hands to a helper never wakes a main thread blocked in a wait.
+// Faults stay deliverable. The thread is named for debuggers and /proc.
+template <class F>
+std::thread start_helper(F&& body) {
+  sigset_t quiet, old;
+  sigfillset(&quiet);
+  for (int s : {SIGSEGV, SIGBUS, SIGFPE, SIGILL, SIGTRAP, SIGSYS, SIGABRT}) sigdelset(&quiet, s);
+  pthread_sigmask(SIG_BLOCK, &quiet, &old);
+  std::thread t;
+  try {
+    t = std::thread(std::forward<F>(body));
+  } catch (...) {
+    pthread_sigmask(SIG_SETMASK, &old, nullptr);
+    throw;
+  }
+  pthread_sigmask(SIG_SETMASK, &old, nullptr);
+  pthread_setname_np(t.native_handle(), "vramkit-ahead");
+  return t;
+}
+}  // namespace
 
 // How many pages to keep made ahead: a 32nd of what the pool holds (at least
 // 4 pages, at most map_ahead), so the extra memory stays within about 3 % and
@@ -34,7 +62,7 @@ void pool_resource::impl::wake_ahead() {
   if (ahead_pages + (inflight.active ? inflight.count : 0) >= ahead_target()) return;
   if (!ahead_thread.joinable()) {
     try {
-      ahead_thread = detail::start_helper("vramkit-ahead", [this] { ahead_loop(); });
+      ahead_thread = start_helper([this] { ahead_loop(); });
     } catch (...) {
       ahead_failed = true;  // no thread: the pool makes its pages itself, as without map_ahead
       return;

@@ -40,7 +40,6 @@
 #include "page_map.hpp"
 #include "stream_slots.hpp"
 #include "vramkit/mr/pool_resource.hpp"
-#include "vramkit/platform/ordered_page_device.hpp"
 
 namespace vramkit {
 
@@ -51,7 +50,6 @@ using detail::round_up;
 struct pool_resource::impl {
   // ---- configuration (set at construction) -------------------------------
   std::shared_ptr<page_device> pages;          // paged pools
-  ordered_page_device* ordered = nullptr;     // async_map: pages is this device, over the given one
   page_call_times calls0;                      // the device's page-call times when the pool began
   std::shared_ptr<device_resource> upstream;   // segmented pools
   std::shared_ptr<stream_ops> streams;

@@ -59,7 +59,6 @@ struct driver_api {
   decltype(&::cuMemAddressFree) address_free = nullptr;
   decltype(&::cuMemGetAllocationGranularity) granularity = nullptr;
   decltype(&::cuGetErrorName) error_name = nullptr;
-  decltype(&::cuStreamWaitValue32) wait_value32 = nullptr;  // optional: nullptr when the driver has none
 };
 
 template <class F>
@@ -85,11 +84,6 @@ const driver_api& driver() {
     load("cuMemAddressFree", a.address_free);
     load("cuMemGetAllocationGranularity", a.granularity);
     load("cuGetErrorName", a.error_name);
-    try {
-      load("cuStreamWaitValue32", a.wait_value32);
-    } catch (const cuda_error&) {
-      a.wait_value32 = nullptr;  // async_map then waits on the host
-    }
     return a;
   }();
   return api;
@@ -244,45 +238,7 @@ class vmm_device final : public page_device {
     page_call_clock::scope t(clock_.unmap);
     driver().unmap(static_cast<CUdeviceptr>(va), count * granularity_);
   }
-  // A helper thread of the pool's makes page calls while another thread may
-  // capture a graph in "global" mode, which forbids them on every thread
-  // that has not relaxed its own mode.
-  void attach_thread() override {
-    VK_CUDA(cudaSetDevice(device_));
-    relax_capture_mode();
-  }
-  // async_map's word: pinned host memory that this device's streams can read
-  // at the same address (unified addressing). Each ordered device has its own.
-  std::uint32_t* make_wait_word() override {
-    if (!driver().wait_value32) return nullptr;
-    device_guard g(device_);
-    void* p = nullptr;
-    if (cudaHostAlloc(&p, 64, cudaHostAllocMapped | cudaHostAllocPortable) != cudaSuccess) {
-      cudaGetLastError();
-      return nullptr;
-    }
-    void* d = nullptr;
-    if (cudaHostGetDevicePointer(&d, p, 0) != cudaSuccess || d != p) {  // no unified address: no waits
-      cudaGetLastError();
-      cudaFreeHost(p);
-      return nullptr;
-    }
-    return static_cast<std::uint32_t*>(p);
-  }
-  void free_wait_word(std::uint32_t* w) noexcept override {
-    if (w && cudaFreeHost(w) != cudaSuccess) cudaGetLastError();  // (at exit the driver may be gone)
-  }
-  // A wait on stream s (of this device: the legacy stream 0 is the current
-  // context's) until the word reaches value. False where the driver refuses:
-  // the caller waits on the host; a driver without the call is not asked again.
-  bool queue_wait(stream_t s, std::uint32_t* word, std::uint32_t value) override {
-    if (!word || waits_refused_.load(std::memory_order_relaxed)) return false;
-    device_guard g(device_);
-    const CUresult r = driver().wait_value32(reinterpret_cast<CUstream>(s), reinterpret_cast<CUdeviceptr>(word),
-                                             value, CU_STREAM_WAIT_VALUE_GEQ);
-    if (r == CUDA_ERROR_NOT_SUPPORTED) waits_refused_.store(true, std::memory_order_relaxed);
-    return r == CUDA_SUCCESS;
-  }
+  void attach_thread() override { VK_CUDA(cudaSetDevice(device_)); }
   void synchronize() override { synchronize_device(device_); }
   bool copies() const noexcept override { return true; }
   void copy(std::uintptr_t dst, std::uintptr_t src, std::size_t bytes) override {
@@ -306,7 +262,6 @@ class vmm_device final : public page_device {
   std::atomic<std::size_t> chunks_live_{0};  // chunks_.size(): page destroys skip the lock while 0
   CUmemAllocationProp prop_{};
   std::vector<CUmemAccessDesc> access_;
-  std::atomic<bool> waits_refused_{false};  // the driver does not support stream waits
 };
 
 // ---- plain resources -----------------------------------------------------------
