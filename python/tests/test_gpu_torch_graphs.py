@@ -299,6 +299,78 @@ def test_memory_stats_cache_info_and_cudnn_benchmark():
     assert r["peak"] >= r["torch_allocated"], show(r)
 
 
+def test_capture_beside_the_map_ahead_helper():
+    """One thread captures a graph (PyTorch's default, global capture mode) while another grows
+    the pool, so that map_ahead's helper thread creates and maps pages during the capture: the
+    helper's calls must neither fail nor break the capture, and the graphs replay right."""
+    r = child("""
+        import json, threading, time, torch, vramkit, vramkit.torch
+        vramkit.torch.use(map_ahead="1GiB")
+        dev = "cuda"
+        x = torch.randn(1 << 22, device=dev)
+
+        def f(x):
+            return torch.cos(torch.sin(x * 2.0) + 1.0)
+
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):
+                f(x)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        res = {"errors": [], "made_in_capture": []}
+        kept = []
+
+        def made():
+            return vramkit.get_current_resource(0).pool_counters()["pages_made_ahead"]
+
+        def grow(start, done):
+            s = torch.cuda.Stream()
+            start.wait()
+            try:
+                with torch.cuda.stream(s):  # not the capturing stream: the main pool grows, its helper wakes
+                    kept.append(torch.empty(2 << 30, dtype=torch.uint8, device=dev))
+            except Exception as e:
+                res["errors"].append("growing thread: " + repr(e))
+            done.set()
+
+        graphs = []
+        for i in range(6):
+            start, done = threading.Event(), threading.Event()
+            t = threading.Thread(target=grow, args=(start, done))
+            t.start()
+            g = torch.cuda.CUDAGraph()
+            try:
+                with torch.cuda.graph(g):
+                    before = made()
+                    start.set()
+                    done.wait(30)
+                    time.sleep(0.05)  # the helper makes the pool's lead while this thread captures
+                    out = f(x)
+                    res["made_in_capture"].append(made() - before)
+                graphs.append((g, out))
+            except Exception as e:
+                res["errors"].append(f"capture {i}: {e!r}")
+            t.join()
+        bad = 0
+        for i in range(20):
+            x.copy_(torch.randn(1 << 22, device=dev))
+            for g, out in graphs:
+                g.replay()
+                bad += int((out != f(x)).sum())
+        torch.cuda.synchronize()
+        res["graphs"] = len(graphs)
+        res["bad_outputs"] = bad
+        res["pages_made_ahead"] = made()
+        print(json.dumps(res))
+    """)
+    assert r["errors"] == [] and r["graphs"] == 6, show(r)
+    assert r["bad_outputs"] == 0, show(r)
+    # The helper made pages inside every capture (a call refused there would end its batch).
+    assert len(r["made_in_capture"]) == 6 and min(r["made_in_capture"]) > 0, show(r)
+
+
 EXIT_CHILD = """
 import sys, torch, vramkit.torch
 vramkit.torch.use()

@@ -238,7 +238,13 @@ class vmm_device final : public page_device {
     page_call_clock::scope t(clock_.unmap);
     driver().unmap(static_cast<CUdeviceptr>(va), count * granularity_);
   }
-  void attach_thread() override { VK_CUDA(cudaSetDevice(device_)); }
+  // The helper thread's calls are the pool's own, never part of a graph: in
+  // relaxed capture mode they stay allowed while another thread captures in
+  // global mode (the default), as the allocating thread's are (torch_shim).
+  void attach_thread() override {
+    VK_CUDA(cudaSetDevice(device_));
+    relax_capture_mode();
+  }
   void synchronize() override { synchronize_device(device_); }
   bool copies() const noexcept override { return true; }
   void copy(std::uintptr_t dst, std::uintptr_t src, std::size_t bytes) override {
