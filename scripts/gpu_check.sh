@@ -127,8 +127,34 @@ if [[ $bench == *,access,* ]]; then
 fi
 if [ -n "${VRAMKIT_TRACE_DIR:-}" ] && [ -n "${VRAMKIT_ANCHORS_DIR:-}" ]; then
   echo "== anchors and vramkit on the same .ops files, one run"
-  python3 "$VRAMKIT_ANCHORS_DIR/anchors.py" "$VRAMKIT_TRACE_DIR" "$out/anchors" > "$out/anchors.log" 2>&1
-  ./build/gpu/cpp/bench/vramkit_replay_bench --passes 4 --allocator vramkit --allocator "pool:upstream=cuda" \
+  # The harness reads plain *.trace.csv files; the traces may come gzipped (*.trace.csv.gz).
+  traces=$VRAMKIT_TRACE_DIR
+  if compgen -G "$VRAMKIT_TRACE_DIR/*.trace.csv.gz" >/dev/null; then
+    traces=$out/traces
+    mkdir -p "$traces"
+    for f in "$VRAMKIT_TRACE_DIR"/*.trace.csv.gz; do
+      n=$(basename "$f" .gz)
+      [ -f "$VRAMKIT_TRACE_DIR/$n" ] && continue  # the plain file is linked below
+      if gzip -dc "$f" > "$traces/$n.part"; then
+        mv "$traces/$n.part" "$traces/$n"
+      else
+        rm -f "$traces/$n.part"; echo "cannot read $f"; status=1
+      fi
+    done
+    for f in "$VRAMKIT_TRACE_DIR"/*.trace.csv; do
+      [ -f "$f" ] && ln -sf "$(realpath "$f")" "$traces/$(basename "$f")"
+    done
+  fi
+  echo "traces: $(ls "$traces" | grep -c '\.trace\.csv$') (*.trace.csv), and the harness's two synthetic ones"
+  python3 "$VRAMKIT_ANCHORS_DIR/anchors.py" "$traces" "$out/anchors" > "$out/anchors.log" 2>&1 || status=1
+  replay=build/gpu/cpp/bench/vramkit_replay_bench
+  if [ ! -x "$replay" ]; then  # the tests were skipped (VRAMKIT_GPU_TESTS=0): the replay bench alone
+    replay=build/gpu-bench/cpp/bench/vramkit_replay_bench
+    { cmake -S . -B build/gpu-bench -G Ninja -DCMAKE_BUILD_TYPE=Release -DVRAMKIT_CUDA=ON -DVRAMKIT_KERNELS=OFF \
+        -DVRAMKIT_TESTS=OFF -DVRAMKIT_PYTHON=OFF && cmake --build build/gpu-bench --target vramkit_replay_bench; } \
+      >"$out/bench-build.log" 2>&1 || { tail -20 "$out/bench-build.log"; status=1; }
+  fi
+  "$replay" --passes 4 --allocator vramkit --allocator "pool:upstream=cuda" \
     --allocator "pool:keep_mappings:false" \
     "$out"/anchors/*.ops | sed 's/^/RESULT /' | tee -a "$out/anchors.log"
   python3 "$VRAMKIT_ANCHORS_DIR/table.py" "$out/anchors.log"
