@@ -2,7 +2,7 @@
 # The GPU suite and the side-by-side replay against the anchors, on a machine
 # with an NVIDIA GPU. Usage: bash scripts/gpu_check.sh [OUTDIR]
 #   VRAMKIT_GTEST_SOURCE_DIR  GoogleTest sources when it is not installed
-#   VRAMKIT_TRACE_DIR         *.trace.csv files for the anchors' harness
+#   VRAMKIT_TRACE_DIR         *.trace.csv or *.trace.csv.gz files for the anchors' harness
 #   VRAMKIT_ANCHORS_DIR       the anchors' harness (anchors.py, replay_cuda.cu)
 #   VRAMKIT_GPU_BENCH         comma-separated GPU benchmarks to run after the tests:
 #                             quant, emul (needs VRAMKIT_TRACE_DIR), checkpoint, e2e, access
