@@ -175,6 +175,15 @@ def plan_counts(run: dict) -> tuple[int, int] | None:
     return int(st["pool.plans_made"]), int(st.get("pool.plans_dropped") or 0)
 
 
+def pages_past_slack(run: dict) -> int | None:
+    """Pages a vramkit pool created past its slack over the run (``pool.pages_past_slack``: no
+    whole free page was left to move); None without the counter (PyTorch's allocators, older
+    records)."""
+    st = run.get("allocator_stats")
+    x = st.get("pool.pages_past_slack") if isinstance(st, dict) else None
+    return int(x) if isinstance(x, (int, float)) else None
+
+
 PAGE_CALL_KEYS = ("page_create_ns", "page_map_ns", "page_unmap_ns", "page_destroy_ns")
 
 
@@ -275,6 +284,7 @@ def summarize(runs: list[dict], workloads: list[str], allocators: list[str]) -> 
             row["in_chunks_pct"] = _median_or_none([chunk_share(r) for r in good])
             plans = [c for c in (plan_counts(r) for r in sorted(good, key=lambda r: r.get("repeat", 0))) if c]
             row["plans"] = [list(c) for c in plans] if plans else None  # (made, dropped) per repeat
+            row["pages_past_slack"] = _median_or_none([pages_past_slack(r) for r in good])
             calls = [page_call_ms(r) for r in good]
             row["page_calls_cold_ms"] = _median_or_none([c[0] for c in calls])
             row["page_calls_warm_ms"] = _median_or_none([c[1] for c in calls])
@@ -385,6 +395,8 @@ def targets(rows: list[dict]) -> dict:
                 t["met"].append(w)
             else:
                 t["not"].append((w, x))
+                if name.startswith("reserved") and r.get("pages_past_slack") is not None:
+                    t.setdefault("past_slack", {})[w] = r["pages_past_slack"]
         # What the repeats can tell about the warm step: faster where the whole 90 % interval of
         # the ratio lies at or under 1.00, slower where it lies over, else not told apart.
         ci = r.get("warm_ms_vs_best_ci") if r.get("runs") else None
@@ -403,7 +415,10 @@ def targets_text(rows: list[dict]) -> str:
         for name, t in per.items():
             n = len(t["met"]) + len(t["not"])
             unit = " %" if "%" in name else ""  # the spread is in %, the others are ratios
-            miss = ", ".join(f"{w} {'-' if x is None else f'{x:.3f}{unit}'}" for w, x in t["not"])
+            past = t.get("past_slack", {})  # the reserved target: pages the pool created past its slack
+            miss = ", ".join(f"{w} {'-' if x is None else f'{x:.3f}{unit}'}"
+                             + (f" ({past[w]:,.0f} pages past the slack)" if w in past else "")
+                             for w, x in t["not"])
             lines.append(f"    {name}: {len(t['met'])} of {n}" + (f" (not: {miss})" if miss else ""))
             if t.get("interval"):
                 lines.append("      by the 90 % interval of the repeats: " + "; ".join(

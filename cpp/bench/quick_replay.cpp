@@ -285,9 +285,9 @@ int main(int argc, char** argv) {
                   c1.early_waits - c0.early_waits, driver_ms(c0, c1));
     }
     auto c = pool.counters();
-    std::printf("lag %zu: peak_reserved/peak_live %.4f waits %zu remapped %zu reclaims %zu%s\n",
+    std::printf("lag %zu: peak_reserved/peak_live %.4f waits %zu remapped %zu reclaims %zu past_slack %zu%s\n",
                 lag->lag, double(pool.state().peak_reserved_bytes) / double(peak_live), lag->waits, c.pages_remapped,
-                c.stream_reclaims, check ? (" unsafe_unmaps " + std::to_string(check->unsafe)).c_str() : "");
+                c.stream_reclaims, c.pages_past_slack, check ? (" unsafe_unmaps " + std::to_string(check->unsafe)).c_str() : "");
     if (pool.options().plan_steps)
       std::printf("plans made %zu dropped %zu placed %zu missed %zu; steps found %zu, period %zu large requests\n",
                   c.plans_made, c.plans_dropped, c.plan_placed, c.plan_missed, c.steps_found, c.step_period);

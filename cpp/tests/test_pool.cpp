@@ -306,6 +306,45 @@ TEST(pool, remaps_free_pages_instead_of_growing) {
   for (int i = 1; i < 64; i += 2) pool.deallocate_checked(v[i], 0);
 }
 
+// When what is free lies only in pages that live blocks share, nothing whole
+// can move: the pool grows past its slack and counts those pages. With whole
+// free pages in the holes it moves them instead and counts none.
+TEST(pool, pages_created_past_the_slack_are_counted) {
+  for (std::size_t hole : {std::size_t{3} * MiB / 2, std::size_t{4} * MiB}) {
+    SCOPED_TRACE(hole == 4 * MiB ? "holes of two whole pages" : "holes inside shared pages");
+    auto dev = std::make_shared<host_page_device>(4 * GiB);
+    pool_resource pool(dev, nullptr);
+    std::vector<void*> live, holes;
+    for (int i = 0; i < 64; ++i) {
+      live.push_back(pool.allocate(4 * MiB));
+      holes.push_back(pool.allocate(hole));
+    }
+    live.push_back(pool.allocate(4 * MiB));  // the last block at the top is live
+    for (void* h : holes) pool.deallocate_checked(h, 0);
+    const pool_counters c0 = pool.counters();
+    void* big = pool.allocate(16 * MiB);  // fits no hole: placed at the top, 8 pages to back
+    const pool_counters c1 = pool.counters();
+    const std::size_t created = c1.pages_created - c0.pages_created;
+    const std::size_t past = c1.pages_past_slack - c0.pages_past_slack;
+    if (hole == 4 * MiB) {
+      EXPECT_EQ(past, 0u);
+      EXPECT_GT(c1.pages_remapped, c0.pages_remapped) << "the holes' whole pages should have moved";
+    } else {
+      EXPECT_EQ(c1.pages_remapped, c0.pages_remapped) << "no hole holds a whole page";
+      EXPECT_EQ(created, 8u);
+      EXPECT_GT(past, 0u);
+      EXPECT_LT(past, created) << "the pages within the slack are not past it";
+      const double peak = static_cast<double>(pool.state().peak_live_bytes);
+      EXPECT_GT(static_cast<double>(pool.state().reserved_bytes), 1.03 * peak);
+    }
+    std::memset(big, 7, 16 * MiB);
+    pool.check_invariants();
+    pool.deallocate_checked(big, 0);
+    for (void* p : live) pool.deallocate_checked(p, 0);
+    pool.check_invariants();
+  }
+}
+
 TEST(pool, reserve_limit_and_release_threshold) {
   auto dev = std::make_shared<host_page_device>(4 * GiB);
   pool_options o;

@@ -128,6 +128,7 @@ void bind_resource(nb::module_& m) {
             d["chunk_pages_released"] = c.chunk_pages_released;
             d["pages_taken_early"] = c.pages_taken_early;
             d["early_waits"] = c.early_waits;
+            d["pages_past_slack"] = c.pages_past_slack;
             d["plans_made"] = c.plans_made;
             d["plans_dropped"] = c.plans_dropped;
             d["plans_skipped"] = c.plans_skipped;

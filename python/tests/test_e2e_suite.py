@@ -205,6 +205,26 @@ def test_targets_name_the_workloads_that_miss_each_one():
     assert "repeats within 1 % on peak reserved: 1 of 3 (not: b 1.818 %, c -)" in text
 
 
+def test_reserved_target_names_the_pages_created_past_the_slack():
+    """Where a pool misses the reserved target, the line says how many pages it created past its
+    slack (the pool's pages_past_slack counter, median over the repeats); PyTorch's runs and
+    records without the counter add nothing."""
+    runs = []
+    for rep in range(3):
+        runs += [_run("b", "default", 10.0, 150, 200, rep=rep), _run("b", "expandable", 12.0, 120, 170, rep=rep)]
+        r = _run("b", "vramkit", 11.0, 110, 175, rep=rep)
+        r["allocator_stats"] = {"pool.pages_past_slack": [40, 52, 61][rep], "pool.pages_created": 7000}
+        runs.append(r)
+        runs.append(_run("a", "vramkit", 9.0, 110, 160, rep=rep))  # no counter (an older record)
+        runs += [_run("a", "default", 10.0, 150, 200, rep=rep), _run("a", "expandable", 12.0, 120, 170, rep=rep)]
+    rows = report.summarize(runs, ["a", "b"], ["default", "expandable", "vramkit"])
+    by = {(r["workload"], r["allocator"]): r for r in rows}
+    assert by[("b", "vramkit")]["pages_past_slack"] == 52
+    assert by[("a", "vramkit")]["pages_past_slack"] is None and by[("b", "default")]["pages_past_slack"] is None
+    text = report.targets_text(rows)
+    assert "reserved <= 1.03x allocated: 0 of 2 (not: a 1.100, b 1.100 (52 pages past the slack))" in text
+
+
 def test_warm_target_says_what_the_repeats_can_tell():
     """Beside the count, the warm target sorts the workloads by the 90 % interval of the ratio:
     faster (all of it at or under 1.00), slower (all of it over), or not told apart."""

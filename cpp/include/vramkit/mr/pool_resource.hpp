@@ -41,6 +41,10 @@ struct pool_counters {
   std::size_t pages_taken_early = 0; // remap_own: pages moved from the requester's own free blocks before its
                                      // stream's work was known done (in pages_remapped)
   std::size_t early_waits = 0;       // remap_own: waits for the GPU before an old address of such a page was unmapped
+  std::size_t pages_past_slack = 0;  // pages created past the slack in force (growth_slack or remap_own_slack;
+                                     // none while a step plan's pages move): no whole free page was left to move,
+                                     // what was free lying in pages live blocks share or under unfinished work
+                                     // (in pages_created)
   std::size_t plans_made = 0;        // plan_steps: step plans laid out
   std::size_t plans_dropped = 0;     // plan_steps: plans given up (a step missed more than 5 % of its bytes)
   std::size_t plans_skipped = 0;     // plan_needs_moves: plans not made: the steps had moved too few pages for one

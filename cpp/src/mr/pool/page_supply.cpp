@@ -336,8 +336,11 @@ bool pool_resource::impl::acquire_some(std::size_t n, std::size_t need_live, std
     // blocks hold is in chunks (which cannot move under unfinished work) or
     // only early pages are left for an edge page.
     if ((opt.wait_to_remap || opt.remap_own) && wait_and_steal_own()) continue;
+    // Past the slack: nothing whole is left to move (what is free lies in
+    // pages that live blocks share, or under work not known done).
     if (reserved + page <= limit) {
       if (page_handle h = create_page()) {
+        ++ctr.pages_past_slack;
         out.push_back(h);
         continue;
       }
