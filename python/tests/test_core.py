@@ -266,6 +266,31 @@ def test_split_chunks_from_python_leaves_no_chunk_after_the_second_mark():
         assert r.pool_page_usage()["mapped_large"] == 0
 
 
+def test_pool_counters_name_the_pages_created_past_the_slack():
+    """Holes of 1.5 MiB between live 4 MiB blocks hold no whole 2 MiB page: a 16 MiB block placed
+    above them makes the pool grow past its slack, and pool_counters() says by how many pages."""
+    MiB = 1 << 20
+    r = vramkit.make_resource("pool", 0)
+    live, holes = [], []
+    for _ in range(64):
+        live.append(r.allocate(4 * MiB))
+        holes.append(r.allocate(3 * MiB // 2))
+    live.append(r.allocate(4 * MiB))
+    for h in holes:
+        r.deallocate(h, 3 * MiB // 2)
+    c0 = r.pool_counters()
+    big = r.allocate(16 * MiB)
+    c1 = r.pool_counters()
+    created = c1["pages_created"] - c0["pages_created"]
+    past = c1["pages_past_slack"] - c0["pages_past_slack"]
+    assert created == 8 and 0 < past < created, (c0, c1)
+    assert c1["pages_remapped"] == c0["pages_remapped"], c1
+    r.deallocate(big, 16 * MiB)
+    for p in live:
+        r.deallocate(p, 4 * MiB)
+    r.check_invariants()
+
+
 def test_pool_counters_time_the_page_calls():
     """pool_counters() carries the wall time inside the page device's calls: the host device's
     mmap calls for mapping and unmapping, its bookkeeping for creating and destroying pages."""
