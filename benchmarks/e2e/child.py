@@ -103,8 +103,8 @@ def _numbers(d: dict, keys=None) -> dict:
 
 PAGE_OP_KEYS = ("pages_created", "pages_mapped", "pages_unmapped", "map_calls", "pages_remapped",
                 "mappings_reused", "pages_destroyed", "pages_made_ahead", "pages_ahead_used",
-                "pages_taken_early", "early_waits", "pages_past_slack", "plans_made", "plans_dropped", "plans_skipped", "plan_placed",
-                "plan_missed",
+                "pages_taken_early", "early_waits", "pages_past_slack", "plans_made", "plans_dropped",
+                "plans_skipped", "plan_placed", "plan_missed",
                 "page_create_ns", "page_map_ns", "page_unmap_ns", "page_destroy_ns", "gpu_wait_ns")
 
 
